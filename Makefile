@@ -1,0 +1,34 @@
+# The course's commands. Each one creates .venv from requirements.txt when it is missing.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+READY := $(VENV)/.installed
+
+.PHONY: book serve lab test clean
+
+$(READY): requirements.txt pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -r requirements.txt
+	touch $@
+
+## book: build the HTML book (chapters executed with a cache, labs from their stored outputs)
+book: $(READY)
+	$(BIN)/jupyter-book build . -W -n --keep-going
+	@echo "The book is at $(CURDIR)/_build/html/index.html (make serve to view it)"
+
+## serve: serve the built book on http://127.0.0.1:8000
+serve: book
+	$(BIN)/python -m http.server --directory _build/html --bind 127.0.0.1 8000
+
+## lab: Jupyter Lab on the labs
+lab: $(READY)
+	$(BIN)/jupyter lab labs
+
+## test: the whole suite: library unit tests, the labs against their stored outputs, the book
+test: $(READY)
+	$(BIN)/python -m pytest tests labs --nbval --nbval-current-env \
+		--nbval-sanitize-with tests/nbval_sanitize.cfg --nbval-cell-timeout=600
+
+clean:
+	rm -rf _build .pytest_cache

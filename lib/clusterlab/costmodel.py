@@ -1,0 +1,232 @@
+"""The alpha-beta model of collective communication.
+
+A message of ``nbytes`` bytes sent over one link costs ``alpha + nbytes * beta`` seconds:
+``alpha`` is the fixed start-up latency of one step, ``beta = 1 / bandwidth`` the time per byte.
+A collective algorithm is a sequence of such steps, so its cost is (number of steps) * alpha +
+(bytes each device sends over its link) * beta.
+
+Conventions follow nccl-tests (``doc/PERFORMANCE.md``):
+
+* ``nbytes`` is the *full buffer* as nccl-tests prints it in its ``size`` column: the per-device
+  buffer for all-reduce, broadcast, reduce, all-to-all and send/recv; the gathered output for
+  all-gather; the input that is scattered for reduce-scatter.
+* ``bandwidth`` is in bytes/s, per device, per direction (unidirectional).
+* ``algbw = nbytes / time``; ``busbw = algbw * busbw_factor(op, n)``. With the ring algorithm and
+  no latency, busbw equals the link bandwidth, which is why nccl-tests reports it.
+
+References:
+    Thakur, Rabenseifner & Gropp, "Optimization of Collective Communication Operations in
+    MPICH", IJHPCA 19(1), 2005. https://doi.org/10.1177/1094342005051521
+    NVIDIA nccl-tests, doc/PERFORMANCE.md. https://github.com/NVIDIA/nccl-tests
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "reduce",
+       "send_recv")
+
+# Which algorithms the model knows for each op. "ring" is NCCL's default for large messages;
+# "recursive_doubling"/"recursive_halving" and "rabenseifner" are MPICH's (Thakur et al. 2005);
+# "tree" is a binomial tree (log2 n rounds, the whole message each round).
+ALGORITHMS = {
+    "all_reduce": ("ring", "recursive_doubling", "rabenseifner", "tree"),
+    "all_gather": ("ring", "recursive_doubling"),
+    "reduce_scatter": ("ring", "recursive_halving"),
+    "all_to_all": ("ring", "pairwise"),
+    "broadcast": ("ring", "tree"),
+    "reduce": ("ring", "tree"),
+    "send_recv": ("ring",),
+}
+
+
+def _check_op(op: str) -> None:
+    if op not in OPS:
+        raise ValueError(f"Unknown collective {op!r}. Known collectives: {', '.join(OPS)}.")
+
+
+def _check_devices(n: int) -> None:
+    if not isinstance(n, (int, np.integer)) or n < 1:
+        raise ValueError(f"The number of devices must be a positive integer, got {n!r}.")
+
+
+def _check_positive(name: str, value: float, *, allow_zero: bool = False) -> None:
+    if not np.all(np.isfinite(value)) or np.any(value < 0) or (not allow_zero and np.any(value == 0)):
+        bound = "non-negative" if allow_zero else "positive"
+        raise ValueError(f"{name} must be {bound} and finite, got {value!r}.")
+
+
+def busbw_factor(op: str, n: int) -> float:
+    """The factor nccl-tests multiplies algbw by to get bus bandwidth.
+
+    Args:
+        op: one of :data:`OPS`.
+        n: number of devices taking part.
+
+    Returns:
+        ``2(n-1)/n`` for all-reduce, ``(n-1)/n`` for all-gather, reduce-scatter and all-to-all,
+        ``1`` for broadcast, reduce and send/recv.
+
+    References:
+        nccl-tests, doc/PERFORMANCE.md, "Bus bandwidth".
+    """
+    _check_op(op)
+    _check_devices(n)
+    if op == "all_reduce":
+        return 2 * (n - 1) / n
+    if op in ("all_gather", "reduce_scatter", "all_to_all"):
+        return (n - 1) / n
+    return 1.0
+
+
+def algbw(nbytes: float, seconds: float) -> float:
+    """Algorithm bandwidth in bytes/s: the buffer size divided by the time (nccl-tests)."""
+    _check_positive("nbytes", nbytes)
+    _check_positive("seconds", seconds)
+    return nbytes / seconds
+
+
+def busbw(op: str, nbytes: float, seconds: float, n: int) -> float:
+    """Bus bandwidth in bytes/s: ``algbw * busbw_factor(op, n)``, comparable to the link speed."""
+    return algbw(nbytes, seconds) * busbw_factor(op, n)
+
+
+def _log2_exact(n: int, algorithm: str) -> int:
+    steps = int(round(math.log2(n)))
+    if 2**steps != n:
+        raise ValueError(
+            f"The {algorithm!r} algorithm needs a power-of-two device count, got n={n}. "
+            f"Use algorithm='ring', or n in (2, 4, 8, 16, ...).")
+    return steps
+
+
+def collective_steps_and_bytes(op: str, nbytes: float, n: int,
+                               algorithm: str = "ring") -> tuple[int, float]:
+    """Latency steps and bytes each device sends, for one collective under one algorithm.
+
+    Args:
+        op: one of :data:`OPS`.
+        nbytes: full buffer in bytes, as nccl-tests counts it (see the module docstring).
+        n: number of devices.
+        algorithm: one of ``ALGORITHMS[op]``.
+
+    Returns:
+        ``(steps, bytes_on_the_wire_per_device)``; the time is ``steps * alpha + bytes * beta``.
+    """
+    _check_op(op)
+    _check_devices(n)
+    _check_positive("nbytes", nbytes)
+    if algorithm not in ALGORITHMS[op]:
+        raise ValueError(f"Unknown algorithm {algorithm!r} for {op}. "
+                         f"Known algorithms for {op}: {', '.join(ALGORITHMS[op])}.")
+    if n == 1:
+        return 0, 0.0
+    share = (n - 1) / n * nbytes
+    if op == "send_recv":
+        return 1, float(nbytes)
+    if op == "all_reduce":
+        if algorithm == "ring":  # reduce-scatter then all-gather, n-1 steps each
+            return 2 * (n - 1), 2 * share
+        log_n = _log2_exact(n, algorithm)
+        if algorithm == "recursive_doubling":  # whole buffer exchanged in each of log2 n rounds
+            return log_n, log_n * float(nbytes)
+        if algorithm == "rabenseifner":  # recursive halving then recursive doubling
+            return 2 * log_n, 2 * share
+        return 2 * log_n, 2 * log_n * float(nbytes)  # tree: reduce then broadcast
+    if op in ("all_gather", "reduce_scatter"):
+        if algorithm == "ring":
+            return n - 1, share
+        return _log2_exact(n, algorithm), share
+    if op == "all_to_all":
+        return n - 1, share
+    # broadcast and reduce
+    if algorithm == "ring":  # a pipelined chain: bandwidth term of one full buffer
+        return n - 1, float(nbytes)
+    log_n = _log2_exact(n, algorithm)
+    return log_n, log_n * float(nbytes)
+
+
+def collective_time(op: str, nbytes: float, n: int, bandwidth: float, latency: float = 0.0,
+                    algorithm: str = "ring") -> float:
+    """Predicted time in seconds of one collective under the alpha-beta model.
+
+    Args:
+        op: one of :data:`OPS`.
+        nbytes: full buffer in bytes, as nccl-tests counts it (see the module docstring).
+        n: number of devices.
+        bandwidth: link bandwidth in bytes/s, per device, per direction.
+        latency: alpha, seconds per step.
+        algorithm: one of ``ALGORITHMS[op]``; the default ring is NCCL's for large messages.
+
+    Returns:
+        Seconds. For the ring all-reduce: ``2(n-1) * latency + 2(n-1)/n * nbytes / bandwidth``.
+
+    References:
+        Thakur, Rabenseifner & Gropp (2005), Table 1 and sections 4.1-4.5.
+    """
+    _check_positive("bandwidth", bandwidth)
+    _check_positive("latency", latency, allow_zero=True)
+    steps, wire_bytes = collective_steps_and_bytes(op, nbytes, n, algorithm)
+    return steps * latency + wire_bytes / bandwidth
+
+
+@dataclass(frozen=True)
+class AlphaBeta:
+    """A fitted line ``time = alpha + beta * nbytes``.
+
+    Attributes:
+        alpha: start-up time in seconds.
+        beta: seconds per byte; ``1 / beta`` is the bandwidth in bytes/s.
+    """
+
+    alpha: float
+    beta: float
+
+    @property
+    def bandwidth(self) -> float:
+        """Asymptotic bandwidth in bytes/s (``1 / beta``)."""
+        return math.inf if self.beta == 0 else 1.0 / self.beta
+
+    def predict(self, nbytes: float | Sequence[float]) -> np.ndarray | float:
+        """Predicted seconds for messages of ``nbytes`` bytes."""
+        values = self.alpha + self.beta * np.asarray(nbytes, dtype=float)
+        return float(values) if values.ndim == 0 else values
+
+
+def fit_alpha_beta(nbytes: Sequence[float], seconds: Sequence[float]) -> AlphaBeta:
+    """Fit ``seconds = alpha + beta * nbytes`` to measurements.
+
+    Message sizes span several decades, so the fit minimises the *relative* error of each point;
+    an ordinary least-squares fit would let the largest message decide alpha. Both parameters are
+    kept non-negative.
+
+    Args:
+        nbytes: message sizes in bytes (at least two distinct values).
+        seconds: measured times in seconds, one per size.
+
+    Returns:
+        The fitted :class:`AlphaBeta`.
+    """
+    sizes = np.asarray(nbytes, dtype=float)
+    times = np.asarray(seconds, dtype=float)
+    if sizes.shape != times.shape or sizes.ndim != 1:
+        raise ValueError(f"nbytes and seconds must be 1-D and of equal length, got shapes "
+                         f"{sizes.shape} and {times.shape}.")
+    if len(np.unique(sizes)) < 2:
+        raise ValueError("Fitting alpha and beta needs at least two distinct message sizes.")
+    _check_positive("nbytes", sizes)
+    _check_positive("seconds", times)
+    weights = 1.0 / times
+    design = np.stack([np.ones_like(sizes), sizes], axis=1) * weights[:, None]
+    (alpha, beta), *_ = np.linalg.lstsq(design, np.ones_like(sizes), rcond=None)
+    if alpha < 0:  # latency too small to resolve: a pure bandwidth line
+        ratio = sizes / times
+        alpha, beta = 0.0, float(np.sum(ratio) / np.sum(ratio**2))
+    elif beta < 0:  # bandwidth too large to resolve: a pure latency line
+        alpha, beta = float(np.sum(weights) / np.sum(weights**2)), 0.0
+    return AlphaBeta(alpha=float(alpha), beta=float(beta))

@@ -1,0 +1,108 @@
+"""A catalog of GPUs and links, every number with its source.
+
+Units are SI and stated in every field name: 1 GB = 1e9 bytes, 1 TB/s = 1e12 bytes/s.
+Link bandwidths are *per direction* (unidirectional), per GPU or per port; vendors often quote
+the bidirectional sum (NVIDIA's "900 GB/s" for H100 NVLink is 450 GB/s each way), and the
+``quoted`` field keeps the vendor's figure so the two can be compared. Network rates are quoted in
+bits per second (400 Gb/s NDR = 50 GB/s).
+
+Keys in ``references.bib`` are given in each ``source``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class GPU:
+    """One accelerator, as its datasheet states it (SXM form factor, dense math)."""
+
+    name: str
+    memory_bytes: float            # HBM capacity as marketed (GB = 1e9 bytes)
+    hbm_bytes_per_s: float         # peak HBM bandwidth
+    bf16_flops: float              # dense BF16/FP16 tensor-core FLOP/s, no sparsity
+    nvlink_bytes_per_s: float      # NVLink per GPU, per direction
+    nvlink_generation: int
+    source: str                    # datasheet, key in references.bib
+
+
+@dataclass(frozen=True)
+class Link:
+    """One kind of link: an NVLink, a PCIe slot, a network port."""
+
+    name: str
+    bytes_per_s: float   # per direction
+    quoted: str          # the figure as the vendor or standard quotes it
+    source: str
+
+
+GPUS: dict[str, GPU] = {
+    gpu.name: gpu for gpu in (
+        GPU("V100", memory_bytes=32e9, hbm_bytes_per_s=900e9, bf16_flops=125e12,
+            nvlink_bytes_per_s=150e9, nvlink_generation=2,
+            source="NVIDIA Tesla V100 datasheet (SXM2; FP16 tensor, V100 has no BF16) "
+                   "[nvidia_v100_datasheet]"),
+        GPU("A100", memory_bytes=80e9, hbm_bytes_per_s=2.039e12, bf16_flops=312e12,
+            nvlink_bytes_per_s=300e9, nvlink_generation=3,
+            source="NVIDIA A100 datasheet (80GB SXM) [nvidia_a100_datasheet]"),
+        GPU("H100", memory_bytes=80e9, hbm_bytes_per_s=3.35e12, bf16_flops=989e12,
+            nvlink_bytes_per_s=450e9, nvlink_generation=4,
+            source="NVIDIA H100 datasheet (SXM5; 1,979 TFLOPS is with sparsity) "
+                   "[nvidia_h100_datasheet]"),
+        GPU("H200", memory_bytes=141e9, hbm_bytes_per_s=4.8e12, bf16_flops=989e12,
+            nvlink_bytes_per_s=450e9, nvlink_generation=4,
+            source="NVIDIA H200 datasheet (SXM) [nvidia_h200_datasheet]"),
+        GPU("B200", memory_bytes=180e9, hbm_bytes_per_s=8e12, bf16_flops=2.25e15,
+            nvlink_bytes_per_s=900e9, nvlink_generation=5,
+            source="NVIDIA DGX B200 datasheet: 1,440 GB, 64 TB/s HBM3e and 72 PFLOPS FP8 "
+                   "(sparse) for 8 GPUs, so 180 GB, 8 TB/s and 2.25 PFLOPS dense BF16 each "
+                   "[nvidia_dgx_b200_datasheet]"),
+    )
+}
+
+LINKS: dict[str, Link] = {
+    link.name: link for link in (
+        Link("NVLink2", 150e9, "300 GB/s bidirectional per GPU (6 links x 50 GB/s)",
+             "NVIDIA Tesla V100 datasheet [nvidia_v100_datasheet]"),
+        Link("NVLink3", 300e9, "600 GB/s bidirectional per GPU (12 links x 50 GB/s)",
+             "NVIDIA A100 datasheet [nvidia_a100_datasheet]"),
+        Link("NVLink4", 450e9, "900 GB/s bidirectional per GPU (18 links x 50 GB/s)",
+             "NVIDIA H100 datasheet [nvidia_h100_datasheet]"),
+        Link("NVLink5", 900e9, "1.8 TB/s bidirectional per GPU (18 links x 100 GB/s)",
+             "NVIDIA DGX B200 datasheet [nvidia_dgx_b200_datasheet]"),
+        Link("PCIe3x16", 15.75e9, "8 GT/s per lane, 128b/130b encoding, 16 lanes",
+             "PCI Express Base Specification 3.0 [pcie_specs]"),
+        Link("PCIe4x16", 31.5e9, "16 GT/s per lane, 128b/130b encoding, 16 lanes",
+             "PCI Express Base Specification 4.0 [pcie_specs]"),
+        Link("PCIe5x16", 63e9, "32 GT/s per lane, 128b/130b encoding, 16 lanes",
+             "PCI Express Base Specification 5.0 [pcie_specs]"),
+        Link("IB-HDR", 25e9, "200 Gb/s per port", "NVIDIA ConnectX-6 VPI datasheet; IBTA "
+             "roadmap [ibta_roadmap]"),
+        Link("IB-NDR", 50e9, "400 Gb/s per port", "NVIDIA ConnectX-7 datasheet; IBTA roadmap "
+             "[ibta_roadmap]"),
+        Link("IB-XDR", 100e9, "800 Gb/s per port", "NVIDIA ConnectX-8 SuperNIC datasheet; IBTA "
+             "roadmap [ibta_roadmap]"),
+        Link("Ethernet-100G", 12.5e9, "100 Gb/s per port", "IEEE 802.3 [ieee_8023]"),
+        Link("Ethernet-200G", 25e9, "200 Gb/s per port", "IEEE 802.3 [ieee_8023]"),
+        Link("Ethernet-400G", 50e9, "400 Gb/s per port", "IEEE 802.3 [ieee_8023]"),
+        Link("Ethernet-800G", 100e9, "800 Gb/s per port", "IEEE 802.3df-2024 [ieee_8023]"),
+    )
+}
+
+
+def gpu(name: str) -> GPU:
+    """Look up a GPU by name (case-insensitive); unknown names list the known ones."""
+    return _lookup(GPUS, name, "GPU")
+
+
+def link(name: str) -> Link:
+    """Look up a link by name (case-insensitive); unknown names list the known ones."""
+    return _lookup(LINKS, name, "link")
+
+
+def _lookup(table: dict, name: str, kind: str):
+    for key, value in table.items():
+        if key.lower() == str(name).lower():
+            return value
+    raise ValueError(f"Unknown {kind} {name!r}. Known {kind}s: {', '.join(table)}.")
