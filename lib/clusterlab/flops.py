@@ -1,0 +1,169 @@
+"""Counting the floating-point operations of training, and how well a cluster uses its peak.
+
+A dense transformer with ``N`` parameters does about ``2N`` FLOPs per token in the forward pass
+(one multiply and one add per weight) and about twice that in the backward pass (gradients with
+respect to the activations and with respect to the weights), so training costs about ``6N`` FLOPs
+per token and ``6ND`` FLOPs for ``D`` tokens. Attention adds a term that grows with the sequence
+length. Model FLOPs utilization (MFU) is the model's FLOPs per second over the peak FLOPs per second
+of all devices; it counts only the FLOPs the model needs, not recomputed ones.
+
+All FLOP counts are plain floating-point operations (a fused multiply-add counts as 2); rates are
+in FLOP/s (``_flops_per_s``); times in seconds (``_s``).
+
+References:
+    Kaplan et al., "Scaling Laws for Neural Language Models", 2020.
+    https://arxiv.org/abs/2001.08361
+    Hoffmann et al., "Training Compute-Optimal Large Language Models", 2022.
+    https://arxiv.org/abs/2203.15556
+    Chowdhery et al., "PaLM: Scaling Language Modeling with Pathways", 2022, Appendix B.
+    https://arxiv.org/abs/2204.02311
+"""
+
+from __future__ import annotations
+
+import math
+
+__all__ = ["training_flops", "transformer_flops_per_token", "mfu", "time_to_train_s"]
+
+
+def _as_float(name: str, value: float) -> float:
+    """``float(value)``, or a ValueError naming the argument."""
+    if isinstance(value, bool):
+        raise ValueError(f"{name} must be a number, got {value!r}.")
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be a number, got {value!r}.") from None
+
+
+def _check_positive(name: str, value: float) -> None:
+    """Raise ValueError unless ``value`` is a finite number > 0."""
+    v = _as_float(name, value)
+    if not math.isfinite(v) or v <= 0:
+        raise ValueError(f"{name} must be a positive finite number, got {value!r}.")
+
+
+def _check_count(name: str, value: int) -> None:
+    """Raise ValueError unless ``value`` is an integer >= 1."""
+    v = _as_float(name, value)
+    if not math.isfinite(v) or v != int(v) or v < 1:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}.")
+
+
+def training_flops(n_params: float, n_tokens: float) -> float:
+    """Total training FLOPs of a dense model, the ``6ND`` rule.
+
+    Forward pass ``2N`` FLOPs per token, backward pass ``4N``; attention over the context is left
+    out (see :func:`transformer_flops_per_token` for the correction).
+
+    Args:
+        n_params: number of parameters ``N`` (> 0).
+        n_tokens: number of training tokens ``D`` (> 0).
+
+    Returns:
+        ``6 * n_params * n_tokens`` in FLOPs.
+
+    Raises:
+        ValueError: if either argument is not positive and finite.
+
+    References:
+        Kaplan et al. 2020, Sec. 2.1, https://arxiv.org/abs/2001.08361;
+        Hoffmann et al. 2022, https://arxiv.org/abs/2203.15556.
+    """
+    _check_positive("n_params", n_params)
+    _check_positive("n_tokens", n_tokens)
+    return 6.0 * float(n_params) * float(n_tokens)
+
+
+def transformer_flops_per_token(n_params: float, n_layers: int, seq_len: int,
+                                d_model: int) -> float:
+    """Training FLOPs per token of a decoder-only transformer, attention included.
+
+    ``6N`` for the weight matmuls plus ``12 * L * H * Q * T`` = ``12 * L * d_model * T`` for the
+    attention scores and the weighted sum of values (``H`` heads of size ``Q``, ``H*Q = d_model``,
+    context ``T``), forward and backward, as in the PaLM paper's MFU accounting.
+
+    Args:
+        n_params: number of (non-embedding) parameters ``N`` (> 0).
+        n_layers: number of transformer layers ``L`` (integer >= 1).
+        seq_len: sequence length ``T`` in tokens (integer >= 1).
+        d_model: model width ``H*Q`` (integer >= 1).
+
+    Returns:
+        FLOPs per training token: ``6 * N + 12 * n_layers * seq_len * d_model``.
+
+    Raises:
+        ValueError: if ``n_params`` is not positive or a size is not a positive integer.
+
+    References:
+        Chowdhery et al. 2022 (PaLM), Appendix B, https://arxiv.org/abs/2204.02311.
+    """
+    _check_positive("n_params", n_params)
+    _check_count("n_layers", n_layers)
+    _check_count("seq_len", seq_len)
+    _check_count("d_model", d_model)
+    return 6.0 * float(n_params) + 12.0 * n_layers * seq_len * d_model
+
+
+def mfu(model_flops_per_s: float, n_devices: int, peak_flops_per_device: float) -> float:
+    """Model FLOPs utilization: achieved model FLOP/s over the peak FLOP/s of all devices.
+
+    Only the FLOPs the model needs count (e.g. ``tokens_per_s * 6N``); recomputed activations
+    do not, which is what separates MFU from hardware FLOPs utilization (HFU).
+
+    Args:
+        model_flops_per_s: model FLOPs per second the whole job achieves (>= 0).
+        n_devices: number of devices (integer >= 1).
+        peak_flops_per_device: peak FLOP/s of one device in the dtype used (> 0).
+
+    Returns:
+        MFU as a fraction (0.462 means 46.2%).
+
+    Raises:
+        ValueError: on negative throughput, a non-positive peak or device count, or an MFU
+            above 1 (more than the peak: the inputs contradict each other).
+
+    References:
+        Chowdhery et al. 2022 (PaLM), Sec. 4.1 and Appendix B, https://arxiv.org/abs/2204.02311.
+    """
+    achieved = _as_float("model_flops_per_s", model_flops_per_s)
+    if not math.isfinite(achieved) or achieved < 0:
+        raise ValueError(
+            f"model_flops_per_s must be a non-negative finite number, got {model_flops_per_s!r}.")
+    _check_count("n_devices", n_devices)
+    _check_positive("peak_flops_per_device", peak_flops_per_device)
+    value = achieved / (n_devices * float(peak_flops_per_device))
+    if value > 1.0:
+        raise ValueError(
+            f"MFU must be at most 1 (achieved FLOP/s cannot exceed the peak of all devices), got "
+            f"{value:.3g} from {model_flops_per_s!r} FLOP/s on {n_devices} x "
+            f"{peak_flops_per_device!r} FLOP/s.")
+    return value
+
+
+def time_to_train_s(total_flops: float, n_devices: int, peak_flops_per_device: float,
+                    mfu: float) -> float:
+    """Wall-clock seconds to do ``total_flops`` on ``n_devices`` running at a given MFU.
+
+    Args:
+        total_flops: FLOPs of the whole training run, e.g. from :func:`training_flops` (> 0).
+        n_devices: number of devices (integer >= 1).
+        peak_flops_per_device: peak FLOP/s of one device in the dtype used (> 0).
+        mfu: model FLOPs utilization as a fraction, ``0 < mfu <= 1``.
+
+    Returns:
+        ``total_flops / (n_devices * peak_flops_per_device * mfu)`` in seconds.
+
+    Raises:
+        ValueError: if an argument is out of range (``mfu`` must lie in (0, 1]).
+
+    References:
+        Chowdhery et al. 2022 (PaLM), Sec. 4.1, https://arxiv.org/abs/2204.02311.
+    """
+    _check_positive("total_flops", total_flops)
+    _check_count("n_devices", n_devices)
+    _check_positive("peak_flops_per_device", peak_flops_per_device)
+    _check_positive("mfu", mfu)
+    if mfu > 1:
+        raise ValueError(f"mfu must lie in (0, 1] (a fraction of the peak), got {mfu!r}.")
+    return float(total_flops) / (n_devices * float(peak_flops_per_device) * float(mfu))

@@ -1,0 +1,113 @@
+"""Training memory per device: model states under the ZeRO stages, and checkpoint sizes.
+
+Mixed-precision training with Adam keeps, for every one of the ``N`` parameters:
+
+* the parameter in 16-bit (``bytes_param = 2``),
+* its gradient in 16-bit (``bytes_grad = 2``),
+* the optimizer state in 32-bit: a master copy of the parameter, Adam's momentum and its
+  variance, 4 + 4 + 4 = 12 bytes (``optimizer_bytes_per_param = 12``).
+
+That is 16 bytes per parameter, the "model states" of the ZeRO paper. Plain data parallelism
+replicates all of them on every device; ZeRO partitions them across the ``dp`` data-parallel
+devices in three stages (optimizer state, then gradients, then parameters). Activations are
+not counted here.
+
+Units: bytes (1 GB = 1e9 bytes, as the paper counts).
+
+References:
+    Rajbhandari, Rasley, Ruwase & He, "ZeRO: Memory Optimizations Toward Training Trillion
+    Parameter Models", SC 2020. https://arxiv.org/abs/1910.02054 (section 3.1 and Figure 1).
+"""
+
+from __future__ import annotations
+
+import math
+
+ZERO_STAGES = (0, 1, 2, 3)
+
+
+def _check_positive(name: str, value: float, *, allow_zero: bool = False) -> None:
+    ok = isinstance(value, (int, float)) and math.isfinite(value) and (
+        value >= 0 if allow_zero else value > 0)
+    if not ok:
+        bound = "non-negative" if allow_zero else "positive"
+        raise ValueError(f"{name} must be a {bound} finite number, got {value!r}.")
+
+
+def training_memory_per_device(n_params: float, dp: int, zero_stage: int, *,
+                               bytes_param: float = 2, bytes_grad: float = 2,
+                               optimizer_bytes_per_param: float = 12) -> float:
+    """Bytes of model states (parameters, gradients, optimizer state) each device holds.
+
+    With ``N = n_params``, ``P = bytes_param``, ``G = bytes_grad``, ``K =
+    optimizer_bytes_per_param``:
+
+    * stage 0 (plain data parallelism): ``(P + G + K) N``
+    * stage 1 (optimizer state sharded): ``(P + G) N + K N / dp``
+    * stage 2 (and gradients): ``P N + (G + K) N / dp``
+    * stage 3 (and parameters): ``(P + G + K) N / dp``
+
+    Args:
+        n_params: number of model parameters ``N``.
+        dp: data-parallel degree, the number of devices the states are sharded across.
+        zero_stage: 0, 1, 2 or 3.
+        bytes_param: bytes per parameter as the model computes with it (2 for BF16/FP16).
+        bytes_grad: bytes per gradient element (2 for BF16/FP16).
+        optimizer_bytes_per_param: bytes of optimizer state per parameter (12 for mixed-precision
+            Adam: FP32 master weights, momentum and variance).
+
+    Returns:
+        Bytes per device. For 7.5e9 parameters and dp = 64: 120e9, 31.4e9, 16.6e9 and 1.88e9
+        for stages 0 to 3 (the paper's Figure 1).
+
+    References:
+        Rajbhandari et al., "ZeRO", SC 2020, section 5 and Figure 1.
+        https://arxiv.org/abs/1910.02054
+    """
+    _check_positive("n_params", n_params)
+    if not isinstance(dp, int) or isinstance(dp, bool) or dp < 1:
+        raise ValueError(f"dp (the data-parallel degree) must be a positive integer, got {dp!r}.")
+    if zero_stage not in ZERO_STAGES:
+        raise ValueError(f"zero_stage must be one of {ZERO_STAGES}, got {zero_stage!r}.")
+    _check_positive("bytes_param", bytes_param)
+    _check_positive("bytes_grad", bytes_grad, allow_zero=True)
+    _check_positive("optimizer_bytes_per_param", optimizer_bytes_per_param, allow_zero=True)
+    if zero_stage == 0:
+        replicated, sharded = bytes_param + bytes_grad + optimizer_bytes_per_param, 0.0
+    elif zero_stage == 1:
+        replicated, sharded = bytes_param + bytes_grad, optimizer_bytes_per_param
+    elif zero_stage == 2:
+        replicated, sharded = bytes_param, bytes_grad + optimizer_bytes_per_param
+    else:
+        replicated, sharded = 0.0, bytes_param + bytes_grad + optimizer_bytes_per_param
+    return float(n_params * (replicated + sharded / dp))
+
+
+def checkpoint_bytes(n_params: float, *, bytes_param: float = 2,
+                     optimizer_bytes_per_param: float = 12) -> float:
+    """Bytes of a full training checkpoint: parameters plus optimizer state.
+
+    A checkpoint that training can resume from bit for bit must hold the parameters and the whole
+    optimizer state (for mixed-precision Adam the FP32 master weights, momentum and variance);
+    gradients are recomputed by the next step and are not saved. That is ``(P + K) N``, 14 bytes
+    per parameter with the defaults. Sharded over ``dp`` devices the total is the same; each
+    device writes ``1/dp`` of it. A weights-only export for inference is ``P N`` (pass
+    ``optimizer_bytes_per_param=0``).
+
+    Args:
+        n_params: number of model parameters ``N``.
+        bytes_param: bytes per saved parameter (2 for BF16).
+        optimizer_bytes_per_param: bytes of optimizer state per parameter (12 for Adam with FP32
+            master weights; 0 for weights only).
+
+    Returns:
+        Bytes; 980e9 (980 GB) for a 70e9-parameter model with the defaults.
+
+    References:
+        Rajbhandari et al., "ZeRO", SC 2020, section 3.1 (what the model states are).
+        https://arxiv.org/abs/1910.02054
+    """
+    _check_positive("n_params", n_params)
+    _check_positive("bytes_param", bytes_param)
+    _check_positive("optimizer_bytes_per_param", optimizer_bytes_per_param, allow_zero=True)
+    return float(n_params * (bytes_param + optimizer_bytes_per_param))
