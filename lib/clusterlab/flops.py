@@ -87,7 +87,9 @@ def transformer_flops_per_token(n_params: float, n_layers: int, seq_len: int,
         n_params: number of (non-embedding) parameters ``N`` (> 0).
         n_layers: number of transformer layers ``L`` (integer >= 1).
         seq_len: sequence length ``T`` in tokens (integer >= 1).
-        d_model: model width ``H*Q`` (integer >= 1).
+        d_model: attention width ``H*Q`` (heads times head size, integer >= 1); it equals the
+            model width in most transformers (PaLM 540B is an exception: 48 x 256 = 12288
+            against a model width of 18432).
 
     Returns:
         FLOPs per training token: ``6 * N + 12 * n_layers * seq_len * d_model``.

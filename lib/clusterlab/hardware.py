@@ -106,3 +106,110 @@ def _lookup(table: dict, name: str, kind: str):
         if key.lower() == str(name).lower():
             return value
     raise ValueError(f"Unknown {kind} {name!r}. Known {kind}s: {', '.join(table)}.")
+
+
+@dataclass(frozen=True)
+class Node:
+    """One GPU server as its vendor specifies it (the compute fabric only, not storage NICs)."""
+
+    name: str
+    gpu: str               # key in GPUS
+    gpus_per_node: int
+    nvswitch_chips: int    # NVSwitch chips on the baseboard
+    nvlink: str            # key in LINKS: NVLink per GPU, per direction
+    nics_per_node: int     # compute-fabric NICs, one per GPU
+    nic: str               # key in LINKS: one NIC port, per direction
+    pcie: str              # key in LINKS: host link of each GPU and NIC
+    cpu_cores: int         # CPU cores in total (two sockets)
+    source: str            # key in references.bib
+
+
+NODES: dict[str, Node] = {
+    node.name: node for node in (
+        Node("DGX A100", gpu="A100", gpus_per_node=8, nvswitch_chips=6, nvlink="NVLink3",
+             nics_per_node=8, nic="IB-HDR", pcie="PCIe4x16", cpu_cores=128,
+             source="NVIDIA DGX A100 datasheet: 8x A100, 6 NVSwitches, 8x single-port ConnectX-6 "
+                    "200 Gb/s HDR, 2x AMD EPYC 7742 [nvidia_dgx_a100_datasheet]"),
+        Node("DGX H100", gpu="H100", gpus_per_node=8, nvswitch_chips=4, nvlink="NVLink4",
+             nics_per_node=8, nic="IB-NDR", pcie="PCIe5x16", cpu_cores=112,
+             source="NVIDIA DGX H100 datasheet: 8x H100, 4 NVSwitches, 8x single-port ConnectX-7 "
+                    "400 Gb/s, 2x Xeon Platinum 8480C [nvidia_dgx_h100_datasheet]"),
+        Node("DGX B200", gpu="B200", gpus_per_node=8, nvswitch_chips=2, nvlink="NVLink5",
+             nics_per_node=8, nic="IB-NDR", pcie="PCIe5x16", cpu_cores=112,
+             source="NVIDIA DGX B200 datasheet: 8x B200, 2 NVSwitches, 8x single-port ConnectX-7 "
+                    "400 Gb/s, 2x Xeon Platinum 8570 [nvidia_dgx_b200_datasheet]"),
+    )
+}
+
+
+def node(name: str) -> Node:
+    """Look up a server by name (case-insensitive); unknown names list the known ones."""
+    return _lookup(NODES, name, "node")
+
+
+@dataclass(frozen=True)
+class Fabric:
+    """A vendor reference design of a compute fabric (a two-tier, rail-optimized leaf-spine)."""
+
+    name: str
+    node: str                    # key in NODES
+    nodes_per_group: int         # servers in one scalable unit (one rail leaf per GPU each)
+    n_groups: int                # scalable units
+    n_leaves: int
+    n_spines: int
+    leaf_spine_cables: int       # cables between leaves and spines, in total
+    link: str                    # key in LINKS: every cable of the fabric
+    source: str
+
+
+FABRICS: dict[str, Fabric] = {
+    fabric.name: fabric for fabric in (
+        Fabric("SuperPOD B200 4SU", node="DGX B200", nodes_per_group=32, n_groups=4,
+               n_leaves=32, n_spines=16, leaf_spine_cables=1024, link="IB-NDR",
+               source="NVIDIA DGX SuperPOD reference architecture (DGX B200), table of "
+                      "component counts: 4 SUs, 128 nodes, 1024 GPUs, 32 leaf and 16 spine "
+                      "switches, 1024 node-leaf and 1024 leaf-spine cables, NDR 400 Gb/s "
+                      "[nvidia_superpod_b200_ra]"),
+    )
+}
+
+
+def fabric(name: str) -> Fabric:
+    """Look up a reference fabric by name (case-insensitive); unknown names list the known ones."""
+    return _lookup(FABRICS, name, "fabric")
+
+
+def ridge_point(gpu_spec: GPU | str) -> float:
+    """Arithmetic intensity (FLOP per byte of HBM traffic) where a GPU's roofline bends.
+
+    Below it a kernel is memory-bound (HBM bandwidth limits it), above it compute-bound.
+
+    Args:
+        gpu_spec: a :class:`GPU` or its name.
+
+    Returns:
+        ``bf16_flops / hbm_bytes_per_s`` in FLOP/byte.
+
+    References:
+        Williams, Waterman & Patterson, "Roofline", CACM 52(4), 2009.
+        https://doi.org/10.1145/1498765.1498785
+    """
+    spec = gpu(gpu_spec) if isinstance(gpu_spec, str) else gpu_spec
+    return spec.bf16_flops / spec.hbm_bytes_per_s
+
+
+def roofline_flops(gpu_spec: GPU | str, intensity_flops_per_byte: float) -> float:
+    """Attainable FLOP/s of a kernel with the given arithmetic intensity (the roofline).
+
+    Args:
+        gpu_spec: a :class:`GPU` or its name.
+        intensity_flops_per_byte: FLOPs the kernel does per byte it moves to or from HBM (> 0).
+
+    Returns:
+        ``min(bf16_flops, intensity * hbm_bytes_per_s)`` in FLOP/s.
+    """
+    spec = gpu(gpu_spec) if isinstance(gpu_spec, str) else gpu_spec
+    if not intensity_flops_per_byte > 0:
+        raise ValueError(f"intensity_flops_per_byte must be positive, got "
+                         f"{intensity_flops_per_byte!r}.")
+    return min(spec.bf16_flops, intensity_flops_per_byte * spec.hbm_bytes_per_s)

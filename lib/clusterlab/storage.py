@@ -1,0 +1,201 @@
+"""The data path: the read throughput training needs, data starvation, and checkpoint writes.
+
+Training reads samples (images, token sequences) and, every so often, writes a checkpoint. The
+GPUs consume ``samples_per_s_per_gpu`` samples each, so the storage system behind ``n_gpus`` GPUs
+must deliver ``n_gpus * samples_per_s_per_gpu * bytes_per_sample`` bytes per second; the demand
+grows with the cluster. When it cannot, every step waits for its data: with a prefetching loader
+(loading batch ``k+1`` while computing batch ``k``) a step takes ``max(compute, load)``, without
+one it takes ``compute + load``.
+
+Units: bytes, seconds, bytes per second (1 GB/s = 1e9 bytes/s).
+
+References:
+    Mohan, Phanishayee, Raniwala & Chidambaram, "Analyzing and Mitigating Data Stalls in DNN
+    Training", VLDB 2021. https://arxiv.org/abs/2007.06775
+"""
+
+from __future__ import annotations
+
+import math
+
+
+def _check_positive(name: str, value: float, *, allow_zero: bool = False) -> None:
+    ok = (isinstance(value, (int, float)) and not isinstance(value, bool)
+          and math.isfinite(value) and (value >= 0 if allow_zero else value > 0))
+    if not ok:
+        bound = "non-negative" if allow_zero else "positive"
+        raise ValueError(f"{name} must be a {bound} finite number, got {value!r}.")
+
+
+def _check_count(name: str, value: int) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}.")
+
+
+def token_sample_bytes(seq_len: int, *, bytes_per_token: int = 4) -> float:
+    """Bytes of one pre-tokenized training sequence.
+
+    Args:
+        seq_len: tokens per sequence.
+        bytes_per_token: bytes per stored token id: 2 (uint16) for vocabularies under 65,536
+            tokens, 4 (uint32) above that.
+
+    Returns:
+        ``seq_len * bytes_per_token`` bytes.
+    """
+    _check_count("seq_len", seq_len)
+    if bytes_per_token not in (1, 2, 4, 8):
+        raise ValueError(f"bytes_per_token must be 1, 2, 4 or 8 (an integer dtype), "
+                         f"got {bytes_per_token!r}.")
+    return float(seq_len * bytes_per_token)
+
+
+def tokens_per_s_per_gpu(flops_per_token: float, peak_flops_per_device: float,
+                         mfu: float) -> float:
+    """Tokens one GPU consumes per second when it runs at a given model FLOPs utilization.
+
+    Args:
+        flops_per_token: training FLOPs per token, e.g. ``6 * n_params`` from
+            :func:`clusterlab.flops.training_flops` with one token.
+        peak_flops_per_device: peak FLOP/s of one GPU in the dtype used.
+        mfu: model FLOPs utilization as a fraction, ``0 < mfu <= 1``.
+
+    Returns:
+        ``peak_flops_per_device * mfu / flops_per_token`` tokens per second.
+
+    References:
+        Chowdhery et al. 2022 (PaLM), section 4.1 (MFU). https://arxiv.org/abs/2204.02311
+    """
+    _check_positive("flops_per_token", flops_per_token)
+    _check_positive("peak_flops_per_device", peak_flops_per_device)
+    _check_positive("mfu", mfu)
+    if mfu > 1:
+        raise ValueError(f"mfu must lie in (0, 1] (a fraction of the peak), got {mfu!r}.")
+    return float(peak_flops_per_device * mfu / flops_per_token)
+
+
+def required_read_bytes_per_s(n_gpus: int, samples_per_s_per_gpu: float,
+                              bytes_per_sample: float) -> float:
+    """The read throughput storage must sustain so that no GPU waits for data.
+
+    Args:
+        n_gpus: number of GPUs reading (each reads its own samples, as in data parallelism).
+        samples_per_s_per_gpu: samples one GPU consumes per second when it never waits.
+        bytes_per_sample: bytes read per sample (as stored: compressed JPEG, token ids, ...).
+
+    Returns:
+        ``n_gpus * samples_per_s_per_gpu * bytes_per_sample`` in bytes/s: linear in the GPU
+        count, so doubling the cluster doubles what storage must deliver.
+
+    References:
+        Mohan et al., "Analyzing and Mitigating Data Stalls in DNN Training", VLDB 2021.
+        https://arxiv.org/abs/2007.06775
+    """
+    _check_count("n_gpus", n_gpus)
+    _check_positive("samples_per_s_per_gpu", samples_per_s_per_gpu)
+    _check_positive("bytes_per_sample", bytes_per_sample)
+    return float(n_gpus * samples_per_s_per_gpu * bytes_per_sample)
+
+
+def max_gpus_fed(read_bytes_per_s: float, samples_per_s_per_gpu: float,
+                 bytes_per_sample: float) -> int:
+    """The largest number of GPUs a storage system can keep fed (0 if not even one).
+
+    Args:
+        read_bytes_per_s: sustained read throughput of the storage system.
+        samples_per_s_per_gpu: samples one GPU consumes per second when it never waits.
+        bytes_per_sample: bytes read per sample.
+
+    Returns:
+        ``floor(read_bytes_per_s / (samples_per_s_per_gpu * bytes_per_sample))``.
+    """
+    _check_positive("read_bytes_per_s", read_bytes_per_s)
+    _check_positive("samples_per_s_per_gpu", samples_per_s_per_gpu)
+    _check_positive("bytes_per_sample", bytes_per_sample)
+    # A tiny relative slack so that an exact fit (3.0000000000000004 GPUs) is not rounded down.
+    return int(math.floor(read_bytes_per_s / (samples_per_s_per_gpu * bytes_per_sample)
+                          * (1 + 1e-12)))
+
+
+def load_time_s(step_bytes: float, read_bytes_per_s: float) -> float:
+    """Seconds to read one step's data at a given throughput.
+
+    Args:
+        step_bytes: bytes the step reads (across the whole cluster when ``read_bytes_per_s`` is
+            the shared storage system's throughput; per GPU when it is one GPU's share).
+        read_bytes_per_s: sustained read throughput.
+
+    Returns:
+        ``step_bytes / read_bytes_per_s``.
+    """
+    _check_positive("step_bytes", step_bytes, allow_zero=True)
+    _check_positive("read_bytes_per_s", read_bytes_per_s)
+    return float(step_bytes / read_bytes_per_s)
+
+
+def starved_step_time_s(compute_s: float, load_s: float, *, prefetch: bool = True) -> float:
+    """Time of one training step when its data takes ``load_s`` to arrive.
+
+    Args:
+        compute_s: seconds the GPUs compute per step (forward, backward, communication).
+        load_s: seconds to read and decode the step's data.
+        prefetch: True when the loader reads the next batch while the GPUs compute this one
+            (overlap: ``max(compute_s, load_s)``); False when each step first waits for its data
+            (``compute_s + load_s``).
+
+    Returns:
+        Seconds per step.
+
+    References:
+        Mohan et al., VLDB 2021, section 2 (prefetching pipelines and data stalls).
+        https://arxiv.org/abs/2007.06775
+    """
+    _check_positive("compute_s", compute_s)
+    _check_positive("load_s", load_s, allow_zero=True)
+    return float(max(compute_s, load_s) if prefetch else compute_s + load_s)
+
+
+def data_utilization(compute_s: float, load_s: float, *, prefetch: bool = True) -> float:
+    """Fraction of the step the GPUs spend computing rather than waiting for data.
+
+    Args:
+        compute_s: seconds the GPUs compute per step.
+        load_s: seconds to load the step's data.
+        prefetch: whether loading overlaps computing (see :func:`starved_step_time_s`).
+
+    Returns:
+        ``compute_s / starved_step_time_s(compute_s, load_s, prefetch=prefetch)``, in (0, 1]. With
+        prefetching it is 1 until ``load_s`` exceeds ``compute_s``, then ``compute_s / load_s``:
+        the knee.
+    """
+    return compute_s / starved_step_time_s(compute_s, load_s, prefetch=prefetch)
+
+
+def checkpoint_write_s(checkpoint_bytes: float, write_bytes_per_s: float) -> float:
+    """Seconds to write a checkpoint at a sustained write throughput.
+
+    Args:
+        checkpoint_bytes: bytes of the checkpoint (see :func:`clusterlab.memory.checkpoint_bytes`).
+        write_bytes_per_s: sustained aggregate write throughput of the storage system.
+
+    Returns:
+        ``checkpoint_bytes / write_bytes_per_s``.
+    """
+    _check_positive("checkpoint_bytes", checkpoint_bytes)
+    _check_positive("write_bytes_per_s", write_bytes_per_s)
+    return float(checkpoint_bytes / write_bytes_per_s)
+
+
+def required_write_bytes_per_s(checkpoint_bytes: float, write_s: float) -> float:
+    """Write throughput needed to save a checkpoint within ``write_s`` seconds.
+
+    Args:
+        checkpoint_bytes: bytes of the checkpoint.
+        write_s: the time allowed for the write.
+
+    Returns:
+        ``checkpoint_bytes / write_s`` in bytes/s.
+    """
+    _check_positive("checkpoint_bytes", checkpoint_bytes)
+    _check_positive("write_s", write_s)
+    return float(checkpoint_bytes / write_s)
