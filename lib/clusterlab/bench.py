@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 import time
+import warnings
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
@@ -17,7 +18,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
-from tqdm.auto import tqdm
+from tqdm.std import TqdmWarning
+
+with warnings.catch_warnings():
+    # In Jupyter without ipywidgets, tqdm.auto warns on import (then uses a text bar); the
+    # warning would end up in the stored stderr of every lab.
+    warnings.simplefilter("ignore", TqdmWarning)
+    from tqdm.auto import tqdm
 
 from clusterlab import collectives, costmodel
 
@@ -43,7 +50,10 @@ class Timing:
     @property
     def relative_spread(self) -> float:
         """Interquartile range over the median: 0.1 means the middle half lies within 10%."""
-        return (self.p75_s - self.p25_s) / self.median_s
+        spread_s = self.p75_s - self.p25_s
+        if self.median_s == 0:  # time_per_iteration clamps unresolvable steps to 0 s
+            return 0.0 if spread_s == 0 else float("inf")
+        return spread_s / self.median_s
 
     def __str__(self) -> str:
         return (f"median {self.median_s * 1e3:.3f} ms (IQR {self.p25_s * 1e3:.3f}-"
@@ -170,7 +180,8 @@ class SweepRow:
 
     op: str
     nbytes: int  # nccl-tests' size column: the full buffer
-    count: int   # elements in that buffer
+    count: int   # nccl-tests' count column: size/itemsize, divided by n_devices for
+                 # all-gather, reduce-scatter and all-to-all (the per-device count NCCL gets)
     dtype: str
     n_devices: int
     timing: Timing
@@ -211,8 +222,9 @@ def sweep(op: str, sizes_bytes: Sequence[int], mesh: Mesh, axis_name: str, *,
         per_device = collectives.per_device_elements(op, int(nbytes), n, itemsize)
         x = jax.device_put(jnp.ones((n * per_device,), dtype=dtype), sharding)
         timing = time_fn(fn, x, warmup=warmup, repeats=repeats)
-        rows.append(SweepRow(op, int(nbytes), int(nbytes) // itemsize, str(jnp.dtype(dtype)),
-                             n, timing))
+        per_device_split = n if op in ("all_gather", "reduce_scatter", "all_to_all") else 1
+        rows.append(SweepRow(op, int(nbytes), int(nbytes) // itemsize // per_device_split,
+                             str(jnp.dtype(dtype)), n, timing))
     return rows
 
 
@@ -226,3 +238,36 @@ def format_table(rows: Sequence[SweepRow]) -> str:
                      f"{row.timing.median_s * 1e6:>11.1f} {row.timing.relative_spread:>7.0%} "
                      f"{row.algbw_bytes_per_s / 1e9:>13.3f} {row.busbw_bytes_per_s / 1e9:>13.3f}")
     return "\n".join(lines)
+
+
+def time_interleaved(fns: dict[str, Callable[..., object]], *args, warmup: int = 2,
+                     repeats: int = 10) -> dict[str, Timing]:
+    """Time several functions on the same arguments, taking turns, to compare them fairly.
+
+    Each round calls every function once, in order, so a change in the machine's load (other
+    processes, frequency scaling) during the measurement falls on all of them alike, and their
+    ratios stay meaningful even when the absolute times drift.
+
+    Args:
+        fns: name -> function, each called as ``fn(*args)`` and waited for with
+            ``jax.block_until_ready``.
+        *args: the arguments every function gets.
+        warmup: untimed rounds first (compilation).
+        repeats: timed rounds.
+
+    Returns:
+        name -> :class:`Timing`, one sample per round.
+    """
+    _check_counts(warmup, repeats)
+    if not fns:
+        raise ValueError("time_interleaved needs at least one function to time.")
+    for _ in range(warmup):
+        for fn in fns.values():
+            jax.block_until_ready(fn(*args))
+    samples: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            start = time.perf_counter()
+            jax.block_until_ready(fn(*args))
+            samples[name].append(time.perf_counter() - start)
+    return {name: Timing(tuple(values)) for name, values in samples.items()}

@@ -33,9 +33,11 @@ OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", 
 
 # Which algorithms the model knows for each op. "ring" is NCCL's default for large messages;
 # "recursive_doubling"/"recursive_halving" and "rabenseifner" are MPICH's (Thakur et al. 2005);
-# "tree" is a binomial tree (log2 n rounds, the whole message each round).
+# "tree" is a binomial tree (log2 n rounds, the whole message each round). "in_network" is a
+# switch that reduces (NVIDIA SHARP on InfiniBand, NVLink SHARP in NVSwitch): each device sends
+# its buffer up once and receives the result once (Graham et al. 2016).
 ALGORITHMS = {
-    "all_reduce": ("ring", "recursive_doubling", "rabenseifner", "tree"),
+    "all_reduce": ("ring", "recursive_doubling", "rabenseifner", "tree", "in_network"),
     "all_gather": ("ring", "recursive_doubling"),
     "reduce_scatter": ("ring", "recursive_halving"),
     "all_to_all": ("ring", "pairwise"),
@@ -132,6 +134,8 @@ def collective_steps_and_bytes(op: str, nbytes: float, n: int,
     if op == "all_reduce":
         if algorithm == "ring":  # reduce-scatter then all-gather, n-1 steps each
             return 2 * (n - 1), 2 * share
+        if algorithm == "in_network":  # up to the reducing switch, and back down
+            return 2, float(nbytes)
         log_n = _log2_exact(n, algorithm)
         if algorithm == "recursive_doubling":  # whole buffer exchanged in each of log2 n rounds
             return log_n, log_n * float(nbytes)
@@ -230,3 +234,120 @@ def fit_alpha_beta(nbytes: Sequence[float], seconds: Sequence[float]) -> AlphaBe
     elif beta < 0:  # bandwidth too large to resolve: a pure latency line
         alpha, beta = float(np.sum(weights) / np.sum(weights**2)), 0.0
     return AlphaBeta(alpha=float(alpha), beta=float(beta))
+
+
+@dataclass(frozen=True, eq=False)
+class HeldOutFit:
+    """An alpha-beta line fitted on some message sizes and judged on sizes it did not see.
+
+    Attributes:
+        model: the :class:`AlphaBeta` fitted to the sizes that were not held out.
+        held_out_bytes: f64[k], the held-out message sizes in bytes.
+        measured_s: f64[k], their measured times in seconds.
+        predicted_s: f64[k], the model's times for them in seconds.
+    """
+
+    model: AlphaBeta
+    held_out_bytes: np.ndarray
+    measured_s: np.ndarray
+    predicted_s: np.ndarray
+
+    @property
+    def relative_errors(self) -> np.ndarray:
+        """f64[k]: ``(predicted - measured) / measured``; +0.1 means the model is 10% too slow."""
+        return (self.predicted_s - self.measured_s) / self.measured_s
+
+    @property
+    def median_abs_error(self) -> float:
+        """Median of the absolute relative errors over the held-out sizes."""
+        return float(np.median(np.abs(self.relative_errors)))
+
+    @property
+    def max_abs_error(self) -> float:
+        """Largest absolute relative error over the held-out sizes."""
+        return float(np.max(np.abs(self.relative_errors)))
+
+
+def fit_held_out(nbytes: Sequence[float], seconds: Sequence[float],
+                 held_out: Sequence[bool] | Sequence[int]) -> HeldOutFit:
+    """Fit ``seconds = alpha + beta * nbytes`` without some sizes, then predict those sizes.
+
+    A model that only reproduces the points it was fitted to proves little; holding sizes out
+    (every other one to test interpolation, the largest ones to test extrapolation) shows how
+    well it predicts.
+
+    Args:
+        nbytes: f[m], message sizes in bytes.
+        seconds: f[m], measured times in seconds, one per size.
+        held_out: which sizes to leave out of the fit: a boolean mask of length m, or indices.
+
+    Returns:
+        A :class:`HeldOutFit` with the model and its predictions for the held-out sizes.
+
+    Raises:
+        ValueError: when nothing is held out, or fewer than two distinct sizes remain to fit.
+    """
+    sizes = np.asarray(nbytes, dtype=float)
+    times = np.asarray(seconds, dtype=float)
+    if sizes.shape != times.shape or sizes.ndim != 1:
+        raise ValueError(f"nbytes and seconds must be 1-D and of equal length, got shapes "
+                         f"{sizes.shape} and {times.shape}.")
+    selector = np.asarray(held_out)
+    if selector.dtype == bool:
+        if selector.shape != sizes.shape:
+            raise ValueError(f"A held_out mask needs one entry per size ({sizes.size}), got "
+                             f"shape {selector.shape}.")
+        mask = selector
+    else:
+        mask = np.zeros(sizes.shape, dtype=bool)
+        mask[selector.astype(int)] = True
+    if not mask.any():
+        raise ValueError("fit_held_out needs at least one held-out size to predict.")
+    model = fit_alpha_beta(sizes[~mask], times[~mask])
+    return HeldOutFit(model=model, held_out_bytes=sizes[mask], measured_s=times[mask],
+                      predicted_s=np.asarray(model.predict(sizes[mask]), dtype=float))
+
+
+def collective_alpha_beta(op: str, n: int, bandwidth: float, latency: float = 0.0,
+                          algorithm: str = "ring") -> AlphaBeta:
+    """One collective algorithm as a line ``time = alpha + beta * nbytes``.
+
+    Every algorithm of :func:`collective_steps_and_bytes` sends a fixed number of steps and a
+    number of bytes proportional to the buffer, so its time is a straight line in ``nbytes``:
+    ``alpha = steps * latency`` and ``beta = (bytes sent per buffer byte) / bandwidth``.
+
+    Args:
+        op: one of :data:`OPS`.
+        n: number of devices.
+        bandwidth: link bandwidth in bytes/s, per device, per direction.
+        latency: seconds per step.
+        algorithm: one of ``ALGORITHMS[op]``.
+
+    Returns:
+        The :class:`AlphaBeta` whose ``predict(nbytes)`` equals :func:`collective_time`.
+    """
+    _check_positive("bandwidth", bandwidth)
+    _check_positive("latency", latency, allow_zero=True)
+    steps, wire_bytes_per_byte = collective_steps_and_bytes(op, 1.0, n, algorithm)
+    return AlphaBeta(alpha=steps * latency, beta=wire_bytes_per_byte / bandwidth)
+
+
+def crossover_bytes(first: AlphaBeta, second: AlphaBeta) -> float:
+    """The message size in bytes at which two alpha-beta lines take the same time.
+
+    Below it the line with the smaller ``alpha`` is faster, above it the one with the smaller
+    ``beta`` (e.g. recursive doubling below, ring above, for an all-reduce).
+
+    Args:
+        first: one line, e.g. ``collective_alpha_beta(..., algorithm="ring")`` or a fit.
+        second: the other line.
+
+    Returns:
+        ``(second.alpha - first.alpha) / (first.beta - second.beta)`` when that is a positive
+        size; ``math.inf`` when the lines do not cross at any positive size (one is at least as
+        fast as the other for every message).
+    """
+    if first.beta == second.beta:
+        return math.inf
+    size = (second.alpha - first.alpha) / (first.beta - second.beta)
+    return float(size) if size > 0 else math.inf

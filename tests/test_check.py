@@ -1,0 +1,86 @@
+"""clusterlab.check: verdicts for exercise answers, printed and returned."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from clusterlab import check
+
+
+def _verdict(capsys) -> str:
+    out = capsys.readouterr().out
+    assert out.count("\n") == 1, out  # one line per check
+    return out.strip()
+
+
+@pytest.mark.parametrize("answer, expected", [
+    (1.0, 1.0), (1.0005, 1.0), (0.9995, 1.0), (2 * 7 / 8, 1.75), (np.float32(1.75), 1.75),
+    ([1.0, 2.0, 3.0], [1.0, 2.0, 3.001]), (np.arange(4), np.arange(4)), (3, 3.0),
+])
+def test_close_passes_within_tolerance(answer, expected, capsys):
+    assert check.close(answer, expected) is True
+    assert _verdict(capsys) == "✓ answer is correct."
+
+
+@pytest.mark.parametrize("answer, expected", [
+    (1.01, 1.0), (0.99, 1.0), (7 / 8, 1.75), ([1.0, 2.0], [1.0, 2.1]), (-1.0, 1.0),
+])
+def test_close_fails_outside_tolerance(answer, expected, capsys):
+    assert check.close(answer, expected, hint="Count the steps again.", name="busbw") is False
+    line = _verdict(capsys)
+    assert line.startswith("✗ busbw is off: ")
+    assert "(within 1e-03 relative)" in line
+    assert line.endswith("Count the steps again.")
+
+
+def test_close_message_without_a_hint(capsys):
+    assert check.close(2.0, 1.0) is False
+    assert _verdict(capsys) == ("✗ answer is off: 2.0 vs the expected value "
+                                "(within 1e-03 relative).")
+
+
+def test_close_tolerances():
+    assert check.close(1.04, 1.0, rtol=0.05) is True
+    assert check.close(1.06, 1.0, rtol=0.05) is False
+    assert check.close(1e-9, 0.0) is False           # nothing is relatively close to zero
+    assert check.close(1e-9, 0.0, atol=1e-8) is True
+
+
+@pytest.mark.parametrize("answer", [..., None])
+def test_close_without_an_answer(answer, capsys):
+    assert check.close(answer, 1.0, name="time_s") is False
+    assert _verdict(capsys) == "✗ time_s: no answer yet; replace the ... with your value."
+
+
+@pytest.mark.parametrize("answer", ["fast", "1,5", {"a": 1}])
+def test_close_with_something_that_is_not_a_number(answer, capsys):
+    assert check.close(answer, [1.0, 2.0]) is False
+    assert _verdict(capsys) == f"✗ answer: expected a number, got {answer!r}."
+
+
+@pytest.mark.parametrize("answer, expected", [
+    ("ring", "ring"), (3, 3), (("data", "model"), ("data", "model")), (np.int64(8), 8),
+])
+def test_equal_passes(answer, expected, capsys):
+    assert check.equal(answer, expected, name="choice") is True
+    assert _verdict(capsys) == "✓ choice is correct."
+
+
+@pytest.mark.parametrize("answer, expected", [
+    ("tree", "ring"), (4, 3), (("model", "data"), ("data", "model")), ("3", 3),
+])
+def test_equal_fails(answer, expected, capsys):
+    assert check.equal(answer, expected, hint="Which one sends less?") is False
+    assert _verdict(capsys) == "✗ answer is not right. Which one sends less?"
+
+
+def test_equal_fails_without_a_hint(capsys):
+    assert check.equal(1, 2) is False
+    assert _verdict(capsys) == "✗ answer is not right."
+
+
+@pytest.mark.parametrize("answer", [..., None])
+def test_equal_without_an_answer(answer, capsys):
+    assert check.equal(answer, "ring") is False
+    assert _verdict(capsys) == "✗ answer: no answer yet; replace the ... with your value."
