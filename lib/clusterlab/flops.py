@@ -22,32 +22,13 @@ References:
 from __future__ import annotations
 
 import math
+from clusterlab._checks import (
+    count as _check_count,
+    number as _as_float,
+    positive as _check_positive,
+)
 
 __all__ = ["training_flops", "transformer_flops_per_token", "mfu", "time_to_train_s"]
-
-
-def _as_float(name: str, value: float) -> float:
-    """``float(value)``, or a ValueError naming the argument."""
-    if isinstance(value, bool):
-        raise ValueError(f"{name} must be a number, got {value!r}.")
-    try:
-        return float(value)
-    except (TypeError, ValueError):
-        raise ValueError(f"{name} must be a number, got {value!r}.") from None
-
-
-def _check_positive(name: str, value: float) -> None:
-    """Raise ValueError unless ``value`` is a finite number > 0."""
-    v = _as_float(name, value)
-    if not math.isfinite(v) or v <= 0:
-        raise ValueError(f"{name} must be a positive finite number, got {value!r}.")
-
-
-def _check_count(name: str, value: int) -> None:
-    """Raise ValueError unless ``value`` is an integer >= 1."""
-    v = _as_float(name, value)
-    if not math.isfinite(v) or v != int(v) or v < 1:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}.")
 
 
 def training_flops(n_params: float, n_tokens: float) -> float:

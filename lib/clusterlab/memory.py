@@ -22,16 +22,9 @@ References:
 from __future__ import annotations
 
 import math
+from clusterlab._checks import positive as _check_positive
 
 ZERO_STAGES = (0, 1, 2, 3)
-
-
-def _check_positive(name: str, value: float, *, allow_zero: bool = False) -> None:
-    ok = isinstance(value, (int, float)) and math.isfinite(value) and (
-        value >= 0 if allow_zero else value > 0)
-    if not ok:
-        bound = "non-negative" if allow_zero else "positive"
-        raise ValueError(f"{name} must be a {bound} finite number, got {value!r}.")
 
 
 def training_memory_per_device(n_params: float, dp: int, zero_stage: int, *,

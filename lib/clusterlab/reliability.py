@@ -25,40 +25,13 @@ from __future__ import annotations
 import math
 
 import numpy as np
+from clusterlab._checks import count as _count, number as _as_float, positive as _positive
 
 __all__ = [
     "cluster_mtbf_s", "failure_rate_per_s", "expected_failures", "probability_no_failure",
     "mtbf_from_failures_s", "young_interval_s", "daly_interval_s", "expected_lost_fraction",
     "synchronous_step_times_s",
 ]
-
-
-def _as_float(name: str, value: float) -> float:
-    """``float(value)``, or a ValueError naming the argument."""
-    if isinstance(value, bool):
-        raise ValueError(f"{name} must be a number, got {value!r}.")
-    try:
-        return float(value)
-    except (TypeError, ValueError):
-        raise ValueError(f"{name} must be a number, got {value!r}.") from None
-
-
-def _positive(name: str, value: float, *, allow_zero: bool = False) -> float:
-    """``float(value)`` after checking it is finite and > 0 (>= 0 with ``allow_zero``)."""
-    v = _as_float(name, value)
-    if not math.isfinite(v) or v < 0 or (v == 0 and not allow_zero):
-        bound = "non-negative" if allow_zero else "positive"
-        raise ValueError(f"{name} must be a {bound} finite number of seconds or units, "
-                         f"got {value!r}.")
-    return v
-
-
-def _count(name: str, value: int) -> int:
-    """``int(value)`` after checking it is an integer >= 1."""
-    v = _as_float(name, value)
-    if not math.isfinite(v) or v != int(v) or v < 1:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}.")
-    return int(v)
 
 
 def cluster_mtbf_s(per_gpu_mtbf_s: float, n_gpus: int) -> float:

@@ -17,19 +17,7 @@ References:
 from __future__ import annotations
 
 import math
-
-
-def _check_positive(name: str, value: float, *, allow_zero: bool = False) -> None:
-    ok = (isinstance(value, (int, float)) and not isinstance(value, bool)
-          and math.isfinite(value) and (value >= 0 if allow_zero else value > 0))
-    if not ok:
-        bound = "non-negative" if allow_zero else "positive"
-        raise ValueError(f"{name} must be a {bound} finite number, got {value!r}.")
-
-
-def _check_count(name: str, value: int) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}.")
+from clusterlab._checks import count as _check_count, positive as _check_positive
 
 
 def token_sample_bytes(seq_len: int, *, bytes_per_token: int = 4) -> float:
