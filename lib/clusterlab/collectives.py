@@ -16,6 +16,7 @@ References:
 from __future__ import annotations
 
 import functools
+import re
 from typing import Callable
 
 import jax
@@ -247,3 +248,35 @@ def make_collective(op: str, mesh: Mesh, axis_name: str, *,
     spec = P(axis_name)
     return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=spec, out_specs=spec,
                                  check_vma=False))
+
+
+_HLO_OPCODE = re.compile(r"(?:^|\s)([a-z][a-z0-9-]*)\(")
+
+
+def hlo_op_count(jitted: Callable[..., object], *args, op: str = "collective-permute") -> int:
+    """How many ``op`` instructions XLA compiled into the program of ``jitted(*args)``.
+
+    Counting the collectives in the compiled program shows what runs, not what the Python code
+    suggests: a ring all-reduce over p devices compiles to 2(p-1) ``collective-permute``
+    instructions, and ``jit`` over sharded inputs inserts the ``all-reduce`` a sum needs.
+    Asynchronous pairs (``op-start``/``op-done``, as on GPUs) count once.
+
+    Args:
+        jitted: a ``jax.jit``-wrapped function.
+        *args: example arguments (arrays with their shardings) to compile it for.
+        op: an XLA opcode, e.g. ``"collective-permute"``, ``"all-reduce"``, ``"all-gather"``.
+
+    Returns:
+        The number of instructions with that opcode, across all computations of the program.
+    """
+    if not hasattr(jitted, "lower"):
+        raise TypeError("hlo_op_count needs a jax.jit-wrapped function (it calls .lower); "
+                        "wrap yours with jax.jit first.")
+    text = jitted.lower(*args).compile().as_text()
+    count = 0
+    for line in text.splitlines():
+        _, equals, right = line.partition(" = ")
+        match = _HLO_OPCODE.search(right) if equals else None
+        if match and match.group(1) in (op, f"{op}-start"):
+            count += 1
+    return count
