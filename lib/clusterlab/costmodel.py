@@ -351,3 +351,40 @@ def crossover_bytes(first: AlphaBeta, second: AlphaBeta) -> float:
         return math.inf
     size = (second.alpha - first.alpha) / (first.beta - second.beta)
     return float(size) if size > 0 else math.inf
+
+
+def hierarchical_all_reduce_time(nbytes: float, gpus_per_node: int, n_nodes: int,
+                                 intra_bandwidth: float, inter_bandwidth: float, *,
+                                 intra_latency: float = 0.0, inter_latency: float = 0.0) -> float:
+    """Two-level all-reduce: reduce-scatter inside each node, all-reduce across, all-gather inside.
+
+    After the ring reduce-scatter over the node's fast links (NVLink), GPU ``i`` of every node
+    holds its node's sum of one ``1/gpus_per_node`` share; the GPUs with the same ``i`` (one per
+    node, each behind its own NIC) all-reduce that share across nodes; a ring all-gather inside
+    each node spreads the result. Each phase is a ring under :func:`collective_time`.
+
+    Args:
+        nbytes: the buffer each GPU all-reduces, in bytes.
+        gpus_per_node: GPUs inside one node.
+        n_nodes: nodes taking part.
+        intra_bandwidth: bytes/s per GPU per direction inside a node (NVLink).
+        inter_bandwidth: bytes/s per GPU per direction between nodes (its NIC's share).
+        intra_latency: alpha of one step inside a node, seconds.
+        inter_latency: alpha of one step between nodes, seconds.
+
+    Returns:
+        Seconds for the whole all-reduce.
+
+    References:
+        Jeaugey, "Massively Scale Your Deep Learning Training with NCCL 2.4", NVIDIA blog, 2019;
+        Thakur et al. 2005.
+    """
+    _check_devices(gpus_per_node)
+    _check_devices(n_nodes)
+    intra_s = (collective_time("reduce_scatter", nbytes, gpus_per_node, intra_bandwidth,
+                               intra_latency)
+               + collective_time("all_gather", nbytes, gpus_per_node, intra_bandwidth,
+                                 intra_latency))
+    inter_s = collective_time("all_reduce", nbytes / gpus_per_node, n_nodes, inter_bandwidth,
+                              inter_latency)
+    return intra_s + inter_s
