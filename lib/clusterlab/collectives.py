@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import functools
 import re
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -250,9 +250,6 @@ def make_collective(op: str, mesh: Mesh, axis_name: str, *,
                                  check_vma=False))
 
 
-_HLO_OPCODE = re.compile(r"(?:^|\s)([a-z][a-z0-9-]*)\(")
-
-
 def hlo_op_count(jitted: Callable[..., object], *args, op: str = "collective-permute") -> int:
     """How many ``op`` instructions XLA compiled into the program of ``jitted(*args)``.
 
@@ -272,11 +269,490 @@ def hlo_op_count(jitted: Callable[..., object], *args, op: str = "collective-per
     if not hasattr(jitted, "lower"):
         raise TypeError("hlo_op_count needs a jax.jit-wrapped function (it calls .lower); "
                         "wrap yours with jax.jit first.")
-    text = jitted.lower(*args).compile().as_text()
-    count = 0
+    return sum(ins.opcode in (op, f"{op}-start")
+               for ins in hlo_instructions(compiled_text(jitted, *args)))
+
+
+# --- Tensor-parallel pairs (Megatron's f and g) ------------------------------------------------
+# Inside ``jax.shard_map(..., check_vma=False)`` JAX does not know which values are replicated,
+# and the transpose it uses for ``psum`` is another ``psum``: gradients through a plain psum come
+# out ``p`` times too large. Megatron-LM names the two conjugate operators instead, and so do
+# these wrappers, with ``jax.custom_vjp`` fixing the backward of each. (With ``check_vma=True``
+# JAX tracks replication itself: ``psum``'s transpose is then the identity and the implicit
+# ``pvary`` of a replicated operand transposes to a ``psum``, the same pair without naming it;
+# a custom_vjp rule that returns a replicated cotangent is rejected there, so use these only
+# with ``check_vma=False``.)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
+def copy_to_model_parallel(x: jax.Array, axis_name: str) -> jax.Array:
+    """Megatron's ``f``: identity forward, all-reduce (``psum``) of the gradient backward.
+
+    Put it where a replicated activation enters a column-parallel layer: each device uses the
+    whole ``x`` with its own columns of the weight, so the gradient of ``x`` is the sum of the
+    devices' partial gradients. Use inside ``jax.shard_map(..., check_vma=False)``; with an axis
+    of size 1 it does nothing.
+
+    Args:
+        x: f32[...], the same on every device of the axis.
+        axis_name: the tensor-parallel mesh axis.
+
+    Returns:
+        ``x`` unchanged.
+
+    References:
+        Shoeybi et al., "Megatron-LM", 2019, Section 3 and Figure 3 (the operators f and g).
+        https://arxiv.org/abs/1909.08053
+    """
+    return x
+
+
+def _copy_fwd(x, axis_name):
+    return x, None
+
+
+def _copy_bwd(axis_name, _, grad):
+    if jax.lax.axis_size(axis_name) == 1:
+        return (grad,)
+    return (jax.lax.psum(grad, axis_name),)  # grad: f32[...], partial on each device -> summed
+
+
+copy_to_model_parallel.defvjp(_copy_fwd, _copy_bwd)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
+def reduce_from_model_parallel(x: jax.Array, axis_name: str) -> jax.Array:
+    """Megatron's ``g``: all-reduce (``psum``) forward, identity backward.
+
+    Put it after a row-parallel layer: each device holds a partial sum of the output (its rows
+    of the weight times its slice of the hidden activation); the all-reduce completes it on
+    every device. The output is replicated, so its gradient is already whole on every device
+    and passes back unchanged. Use inside ``jax.shard_map(..., check_vma=False)``.
+
+    Args:
+        x: f32[...], this device's partial sum.
+        axis_name: the tensor-parallel mesh axis.
+
+    Returns:
+        f32[...], the sum over the axis, the same on every device.
+
+    References:
+        Shoeybi et al., "Megatron-LM", 2019, Section 3 and Figure 3.
+        https://arxiv.org/abs/1909.08053
+    """
+    if jax.lax.axis_size(axis_name) == 1:
+        return x
+    return jax.lax.psum(x, axis_name)
+
+
+def _reduce_fwd(x, axis_name):
+    return reduce_from_model_parallel(x, axis_name), None
+
+
+def _reduce_bwd(axis_name, _, grad):
+    return (grad,)
+
+
+reduce_from_model_parallel.defvjp(_reduce_fwd, _reduce_bwd)
+
+
+# --- Gradient all-reduce: the one collective of data parallelism ---------------------------------
+
+def all_reduce_gradients(grads, axis_name: str, *, bucket_bytes: int | None = None):
+    """Average a gradient pytree over the data-parallel axis: the all-reduce of data parallelism.
+
+    Forward: every device's gradients are replaced by their mean over ``axis_name``
+    (``psum / p``), so every replica applies the same update. Backward: none in a training step
+    (it acts on gradients, after the backward pass); were it differentiated, JAX transposes the
+    mean of device-varying values to a copy, with no communication. With ``bucket_bytes``, the
+    leaves are flattened, concatenated and cut into buckets of that many bytes, one all-reduce
+    each (the last bucket holds the rest), as PyTorch DDP and Horovod pack small tensors into
+    larger messages; XLA's all-reduce combiner merges independent all-reduces on its own unless
+    it is turned off (see :data:`SEPARATE_ALL_REDUCES`). Skips all work when the axis has size 1.
+
+    Runs inside ``jax.shard_map`` or ``jax.pmap``.
+
+    Args:
+        grads: a pytree of arrays, per device (the gradient of this device's batch shard).
+        axis_name: the data-parallel axis.
+        bucket_bytes: None for one all-reduce per leaf (left to XLA to combine), or the bucket
+            size in bytes, a multiple of the gradients' item size; all leaves share one dtype.
+
+    Returns:
+        The pytree of means, the same structure and shapes as ``grads``.
+
+    References:
+        Li et al., "PyTorch Distributed: Experiences on Accelerating Data Parallel Training",
+        VLDB 2020 (gradient bucketing). https://arxiv.org/abs/2006.15704
+        Sergeev & Del Balso, "Horovod: fast and easy distributed deep learning in TensorFlow",
+        2018 (tensor fusion). https://arxiv.org/abs/1802.05799
+    """
+    p = jax.lax.axis_size(axis_name)
+    if p == 1:
+        return grads
+    if bucket_bytes is None:
+        return jax.tree.map(lambda g: jax.lax.pmean(g, axis_name), grads)
+    leaves, treedef = jax.tree.flatten(grads)
+    dtypes = {leaf.dtype for leaf in leaves}
+    if len(dtypes) != 1:
+        raise ValueError(f"Bucketing concatenates the gradients, so they must share one dtype; "
+                         f"got {sorted(str(d) for d in dtypes)}. Cast them first.")
+    itemsize = leaves[0].dtype.itemsize
+    if (isinstance(bucket_bytes, bool) or not isinstance(bucket_bytes, int)
+            or bucket_bytes < itemsize or bucket_bytes % itemsize):
+        raise ValueError(f"bucket_bytes must be a positive multiple of the gradients' item size "
+                         f"({itemsize} bytes), got {bucket_bytes!r}.")
+    flat = jnp.concatenate([leaf.ravel() for leaf in leaves])  # flat: f32[N], every gradient
+    per_bucket = bucket_bytes // itemsize
+    buckets = [jax.lax.pmean(flat[start:start + per_bucket], axis_name)  # f32[<= bucket]
+               for start in range(0, flat.shape[0], per_bucket)]
+    flat = jnp.concatenate(buckets)
+    out, start = [], 0
+    for leaf in leaves:
+        out.append(flat[start:start + leaf.size].reshape(leaf.shape))
+        start += leaf.size
+    return jax.tree.unflatten(treedef, out)
+
+
+# --- Program inspection: the collectives XLA compiled ------------------------------------------
+
+# XLA's collective opcodes. Asynchronous versions (``all-reduce-start``/``all-reduce-done``, as
+# on GPUs) are counted once, at ``-done``, whose shape is the result.
+COLLECTIVE_KINDS = ("all-reduce", "all-gather", "reduce-scatter", "collective-permute",
+                    "all-to-all", "collective-broadcast", "ragged-all-to-all")
+
+# Compiler options that keep independent all-reduces apart. XLA's all-reduce combiner merges
+# them into one (a tuple all-reduce), which is bucketing done by the compiler; turn it off to see
+# the all-reduces the program asks for. Pass as ``jax.jit(f, compiler_options=...)``. The CPU and
+# GPU pipelines name the pass differently; unknown names are ignored.
+SEPARATE_ALL_REDUCES = {"xla_disable_hlo_passes": "all-reduce-combiner,cpu-all-reduce-combiner"}
+
+_BITS_PER_ELEMENT = {
+    "pred": 8, "s2": 2, "u2": 2, "s4": 4, "u4": 4, "s8": 8, "u8": 8, "s16": 16, "u16": 16,
+    "f16": 16, "bf16": 16, "s32": 32, "u32": 32, "f32": 32, "s64": 64, "u64": 64, "f64": 64,
+    "c64": 64, "c128": 128, "token": 0,
+}
+_ARRAY_SHAPE = re.compile(r"\b([a-z][a-z0-9]*)\[([^\]]*)\]")
+_OPCODE_AFTER_SHAPE = re.compile(r"\s*([a-z][a-z0-9-]*)\(")
+
+
+class HloInstruction(NamedTuple):
+    """One instruction of an HLO module's text: ``name = shape opcode(...)``."""
+
+    name: str
+    shape: str  # e.g. "f32[8,128]{1,0}" or a tuple "(f32[8]{0}, f32[4]{0})"
+    opcode: str
+
+
+class CollectiveOp(NamedTuple):
+    """One collective in a compiled program.
+
+    Attributes:
+        kind: the XLA opcode without ``-start``/``-done``, e.g. ``"all-reduce"``.
+        bytes: bytes of its result per device, from the HLO shape (tuples summed), e.g.
+            ``f32[1024]`` is 4096 bytes; for an all-reduce that is the buffer reduced.
+        shape: the HLO result shape as printed.
+    """
+
+    kind: str
+    bytes: int
+    shape: str
+
+
+class CollectiveSummary(NamedTuple):
+    """How many collectives of one kind a program holds, and their bytes added up."""
+
+    n_ops: int
+    total_bytes: int
+
+
+def shape_bytes(shape: str) -> int:
+    """Bytes of an HLO shape string: ``"f32[8,128]{1,0}"`` is 4096; tuples are summed.
+
+    Raises:
+        ValueError: for an element type this table does not know.
+    """
+    total_bits = 0
+    for dtype, dims in _ARRAY_SHAPE.findall(shape):
+        if dtype.startswith("f8") or dtype.startswith("f4") or dtype.startswith("f6"):
+            bits = int(re.sub(r"\D.*", "", dtype[1:]) or 8)  # f8e4m3fn -> 8, f4e2m1fn -> 4
+        elif dtype in _BITS_PER_ELEMENT:
+            bits = _BITS_PER_ELEMENT[dtype]
+        else:
+            raise ValueError(f"Unknown HLO element type {dtype!r} in shape {shape!r}.")
+        n = 1
+        for dim in filter(None, dims.split(",")):
+            n *= int(dim.strip().lstrip("<="))  # "<=8": a dynamic dimension's bound
+        total_bits += n * bits
+    return (total_bits + 7) // 8
+
+
+def _split_shape(right: str) -> tuple[str, str]:
+    """Split ``"shape opcode(...)"`` into the shape and the rest; tuple shapes nest parens."""
+    if not right.startswith("("):
+        shape, _, rest = right.partition(" ")
+        return shape, rest
+    depth = 0
+    for i, char in enumerate(right):
+        depth += char == "("
+        depth -= char == ")"
+        if depth == 0:
+            return right[:i + 1], right[i + 1:]
+    return right, ""
+
+
+def hlo_instructions(text: str) -> list[HloInstruction]:
+    """Parse the instructions out of an HLO module's text (``compiled.as_text()``).
+
+    Args:
+        text: HLO text; every computation in it is read, so an instruction inside a fusion or a
+            loop body counts once however often it runs.
+
+    Returns:
+        The instructions in the order printed.
+    """
+    out = []
     for line in text.splitlines():
-        _, equals, right = line.partition(" = ")
-        match = _HLO_OPCODE.search(right) if equals else None
-        if match and match.group(1) in (op, f"{op}-start"):
-            count += 1
-    return count
+        left, equals, right = line.strip().partition(" = ")
+        name = left.removeprefix("ROOT ").strip()
+        if not equals or not name or " " in name:  # headers, metadata, attributes
+            continue
+        shape, rest = _split_shape(right.strip())
+        match = _OPCODE_AFTER_SHAPE.match(rest)
+        if match:
+            out.append(HloInstruction(name, shape, match.group(1)))
+    return out
+
+
+def compiled_text(jitted: Callable[..., object], *args) -> str:
+    """The HLO text XLA compiled for ``jitted(*args)`` (after SPMD partitioning, per device).
+
+    Args:
+        jitted: a ``jax.jit``- or ``jax.pmap``-wrapped function.
+        *args: example arguments (arrays with their shardings) to compile it for.
+    """
+    if not hasattr(jitted, "lower"):
+        raise TypeError("Inspecting a compiled program needs a jax.jit-wrapped function (it "
+                        "calls .lower); wrap yours with jax.jit first.")
+    return jitted.lower(*args).compile().as_text()
+
+
+def compiled_collectives(jitted: Callable[..., object], *args) -> list[CollectiveOp]:
+    """The collectives XLA compiled into the program of ``jitted(*args)``, with their bytes.
+
+    What runs is what the compiled program says, not what the Python code suggests: ``jit`` over
+    sharded inputs inserts the all-reduces a sum needs, and XLA's combiner merges independent
+    all-reduces into one. Bytes are per device, of each collective's result: for an all-reduce
+    the buffer reduced (nccl-tests' ``size``), which a ring sends ``2(p-1)/p`` times over the wire
+    (:func:`clusterlab.costmodel.collective_steps_and_bytes`).
+
+    Args:
+        jitted: a ``jax.jit``- or ``jax.pmap``-wrapped function.
+        *args: example arguments to compile it for.
+
+    Returns:
+        One :class:`CollectiveOp` per collective instruction, in program order; asynchronous
+        start/done pairs count once.
+    """
+    return collectives_in_text(compiled_text(jitted, *args))
+
+
+def collectives_in_text(text: str) -> list[CollectiveOp]:
+    """The collectives in HLO text, as :func:`compiled_collectives` reads them.
+
+    Args:
+        text: an HLO module's text, e.g. ``jax.jit(f).lower(x).compile().as_text()``.
+
+    Returns:
+        One :class:`CollectiveOp` per collective instruction; ``-start`` halves of asynchronous
+        pairs are skipped and the ``-done`` halves counted.
+    """
+    ops = []
+    for ins in hlo_instructions(text):
+        kind = ins.opcode.removesuffix("-done")
+        if kind in COLLECTIVE_KINDS:
+            ops.append(CollectiveOp(kind, shape_bytes(ins.shape), ins.shape))
+    return ops
+
+
+def summarize(ops: list[CollectiveOp]) -> dict[str, CollectiveSummary]:
+    """Count and total bytes per collective kind, e.g. ``{"all-reduce": (1, 4096)}``.
+
+    Args:
+        ops: from :func:`compiled_collectives`.
+
+    Returns:
+        A dict from kind to :class:`CollectiveSummary`, kinds in order of first appearance.
+    """
+    summary: dict[str, CollectiveSummary] = {}
+    for op in ops:
+        n_ops, total = summary.get(op.kind, (0, 0))
+        summary[op.kind] = CollectiveSummary(n_ops + 1, total + op.bytes)
+    return summary
+
+
+def hierarchical_all_reduce(x: jax.Array, *, intra_axis: str, inter_axis: str) -> jax.Array:
+    """Two-level all-reduce: reduce-scatter inside a host, all-reduce across, all-gather inside.
+
+    Only ``1/d`` of the buffer crosses the slow inter-host links (``d`` devices per host), each
+    device sending its share over its own network card; the fast links inside the host carry
+    the rest. :func:`clusterlab.costmodel.hierarchical_all_reduce_time` is its cost. Forward:
+    the sum over both axes; its gradient is the same all-reduce.
+
+    Args:
+        x: f32[N, ...] per device, N a multiple of the size of ``intra_axis``.
+        intra_axis: the mesh axis inside a host (devices of one process).
+        inter_axis: the mesh axis across hosts (processes).
+
+    Returns:
+        f32[N, ...]: the sum over both axes, equal to ``jax.lax.psum(x, (inter_axis, intra_axis))``.
+
+    References:
+        Jeaugey, "Massively Scale Your Deep Learning Training with NCCL 2.4", NVIDIA blog, 2019.
+    """
+    d = jax.lax.axis_size(intra_axis)
+    if d == 1:
+        return jax.lax.psum(x, inter_axis)
+    _check_splits(x, d, "hierarchical_all_reduce")
+    share = jax.lax.psum_scatter(x, intra_axis, scatter_dimension=0, tiled=True)  # f32[N/d, ...]
+    share = jax.lax.psum(share, inter_axis)  # the same share summed over hosts
+    return jax.lax.all_gather(share, intra_axis, tiled=True)  # f32[N, ...]
+
+
+# --- Sharded data parallelism (ZeRO / FSDP): gather parameters, scatter gradients ---------------
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(1, 2))
+def gather_params(shard: jax.Array, axis_name: str, axis: int = 0) -> jax.Array:
+    """ZeRO-3/FSDP's parameter gather: all-gather forward, reduce-scatter (sum) of the gradient backward.
+
+    Each device stores ``1/p`` of a parameter; just before a layer runs, the shards are gathered
+    into the whole parameter. Every device then uses the whole parameter on its own batch slice,
+    so the gradient of its shard is the *sum* over devices of the corresponding slice of their
+    gradients: a reduce-scatter, the transpose of the all-gather. Divide by ``p`` afterwards for
+    the mean over the data-parallel devices. With an axis of size 1 it does nothing. Use inside
+    ``jax.shard_map(..., check_vma=False)``.
+
+    Args:
+        shard: f32[..., N/p, ...], this device's shard, split along ``axis``.
+        axis_name: the data-parallel mesh axis the parameters are sharded over.
+        axis: the array axis the shards are concatenated along.
+
+    Returns:
+        f32[..., N, ...], the whole parameter, device ``j``'s shard at position ``j``.
+
+    References:
+        Rajbhandari et al., "ZeRO: Memory Optimizations Toward Training Trillion Parameter
+        Models", SC 2020, Section 5.3 (partitioning the parameters).
+        https://arxiv.org/abs/1910.02054
+        Zhao et al., "PyTorch FSDP: Experiences on Scaling Fully Sharded Data Parallel", VLDB
+        2023. https://arxiv.org/abs/2304.11277
+    """
+    if jax.lax.axis_size(axis_name) == 1:
+        return shard
+    return jax.lax.all_gather(shard, axis_name, axis=axis, tiled=True)
+
+
+def _gather_params_fwd(shard, axis_name, axis):
+    return gather_params(shard, axis_name, axis), None
+
+
+def _gather_params_bwd(axis_name, axis, _, grad):
+    # grad: f32[..., N, ...], this device's gradient of the whole parameter -> its shard, summed
+    return (reduce_scatter_gradients(grad, axis_name, axis=axis, mean=False),)
+
+
+gather_params.defvjp(_gather_params_fwd, _gather_params_bwd)
+
+
+def reduce_scatter_gradients(grads: jax.Array, axis_name: str, *, axis: int = 0,
+                             mean: bool = True) -> jax.Array:
+    """ZeRO-2's gradient reduction: each device keeps the mean (or sum) of its shard only.
+
+    Forward: a reduce-scatter over ``axis_name``: device ``j`` gets slice ``j`` (along ``axis``)
+    of the gradients summed over devices, divided by ``p`` when ``mean``. It sends half the bytes
+    of the all-reduce of plain data parallelism, and the other half (an all-gather) moves the
+    updated parameters instead. Backward: none in a training step (it acts on gradients); as a
+    linear map its transpose would be an all-gather. Skips all work when the axis has size 1.
+
+    Args:
+        grads: f32[..., N, ...], this device's gradient, N a multiple of p along ``axis``.
+        axis_name: the data-parallel axis.
+        axis: the array axis to split.
+        mean: divide the sum by p (the data-parallel mean).
+
+    Returns:
+        f32[..., N/p, ...]: this device's slice of the reduced gradient.
+
+    References:
+        Rajbhandari et al., "ZeRO", SC 2020, Sections 5.2 and 7.2.1.
+        https://arxiv.org/abs/1910.02054
+    """
+    p = jax.lax.axis_size(axis_name)
+    if p == 1:
+        return grads
+    if grads.shape[axis] % p:
+        raise ValueError(f"reduce_scatter_gradients splits axis {axis} (size {grads.shape[axis]}) "
+                         f"into {p} shards; make it a multiple of {p}.")
+    summed = jax.lax.psum_scatter(grads, axis_name, scatter_dimension=axis, tiled=True)
+    return summed / p if mean else summed
+
+
+_WHILE_BODY = re.compile(r"\bbody=%?([\w.\-]+)")
+_CALLEE = re.compile(r"\bto_apply=%?([\w.\-]+)")
+_TRIP_COUNT = re.compile(r'"known_trip_count":\{"n":"(\d+)"\}')
+
+
+def executed_collectives(jitted: Callable[..., object], *args) -> list[CollectiveOp]:
+    """Like :func:`compiled_collectives`, but a collective inside a loop counts once per trip.
+
+    A model whose layers run in a ``jax.lax.scan`` compiles to a ``while`` loop whose body holds
+    one layer's collectives; :func:`compiled_collectives` lists that body once.
+    This function follows the program from its entry computation into ``while`` bodies (times
+    the ``known_trip_count`` XLA records, 1 when it is unknown) and ``call`` targets, and repeats
+    each collective as often as it runs. Collectives in conditional branches are not counted.
+
+    Args:
+        jitted: a ``jax.jit``-wrapped function.
+        *args: example arguments to compile it for.
+
+    Returns:
+        One :class:`CollectiveOp` per collective *executed*, in program order.
+    """
+    computations: dict[str, list[str]] = {}
+    entry, current = None, None
+    for line in compiled_text(jitted, *args).splitlines():
+        if line and not line[0].isspace() and line.rstrip().endswith("{"):
+            header = line.split()
+            is_entry = header[0] == "ENTRY"
+            current = (header[1] if is_entry else header[0]).lstrip("%")
+            computations[current] = []
+            entry = current if is_entry else entry
+        elif current is not None and line.strip() and line.strip() != "}":
+            computations[current].append(line)
+    if entry is None:
+        raise ValueError("No ENTRY computation found in the compiled program text.")
+
+    def walk(name: str, depth: int = 0) -> list[CollectiveOp]:
+        if depth > 64:
+            raise ValueError("Computations nest too deeply to follow.")
+        ops: list[CollectiveOp] = []
+        for line in computations.get(name, []):
+            parsed = hlo_instructions(line)
+            if not parsed:
+                continue
+            ins = parsed[0]
+            kind = ins.opcode.removesuffix("-done")
+            if kind in COLLECTIVE_KINDS:
+                ops.append(CollectiveOp(kind, shape_bytes(ins.shape), ins.shape))
+            elif ins.opcode == "while":
+                body, trips = _WHILE_BODY.search(line), _TRIP_COUNT.search(line)
+                if body:
+                    ops.extend(walk(body.group(1), depth + 1) * (int(trips.group(1)) if trips
+                                                                  else 1))
+            elif ins.opcode == "call":
+                callee = _CALLEE.search(line)
+                if callee:
+                    ops.extend(walk(callee.group(1), depth + 1))
+        return ops
+
+    return walk(entry)

@@ -24,9 +24,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 import numpy as np
+
+from clusterlab import _checks
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "reduce",
        "send_recv")
@@ -388,3 +390,346 @@ def hierarchical_all_reduce_time(nbytes: float, gpus_per_node: int, n_nodes: int
     inter_s = collective_time("all_reduce", nbytes / gpus_per_node, n_nodes, inter_bandwidth,
                               inter_latency)
     return intra_s + inter_s
+
+
+def sharded_data_parallel_bytes_per_step(n_params: float, bytes_per_param: float, n: int,
+                                         zero_stage: int) -> float:
+    """Bytes each device sends per training step under data parallelism with ZeRO stage 0-3.
+
+    With ``Psi = n_params * bytes_per_param`` (the bytes of all parameters, or of all gradients)
+    and ring collectives (:func:`collective_steps_and_bytes`):
+
+    * stage 0 (plain data parallelism): one all-reduce of the gradients, ``2 (n-1)/n Psi``;
+    * stages 1 and 2: a reduce-scatter of the gradients (each device keeps the sum of its shard)
+      and, after the update, an all-gather of the parameters: also ``2 (n-1)/n Psi``;
+    * stage 3: parameters are all-gathered before the forward pass and again before the
+      backward pass (they are freed in between), and the gradients reduce-scattered:
+      ``3 (n-1)/n Psi``, 1.5 times plain data parallelism.
+
+    Args:
+        n_params: number of parameters.
+        bytes_per_param: bytes per parameter and per gradient element as communicated (2 for
+            BF16, 4 for FP32).
+        n: data-parallel degree, the devices the states are sharded across.
+        zero_stage: 0, 1, 2 or 3.
+
+    Returns:
+        Bytes sent per device per step (equal to the bytes received).
+
+    References:
+        Rajbhandari et al., "ZeRO: Memory Optimizations Toward Training Trillion Parameter
+        Models", SC 2020, Section 7 (communication analysis of ZeRO-DP).
+        https://arxiv.org/abs/1910.02054
+    """
+    _check_positive("n_params", n_params)
+    _check_positive("bytes_per_param", bytes_per_param)
+    _check_devices(n)
+    if zero_stage not in (0, 1, 2, 3):
+        raise ValueError(f"zero_stage must be one of (0, 1, 2, 3), got {zero_stage!r}.")
+    psi_bytes = float(n_params) * float(bytes_per_param)
+    if n == 1:
+        return 0.0
+    if zero_stage == 0:
+        return collective_steps_and_bytes("all_reduce", psi_bytes, n)[1]
+    gather_bytes = collective_steps_and_bytes("all_gather", psi_bytes, n)[1]
+    scatter_bytes = collective_steps_and_bytes("reduce_scatter", psi_bytes, n)[1]
+    return (2 if zero_stage == 3 else 1) * gather_bytes + scatter_bytes
+
+
+def data_parallel_bytes_per_step(n_params: float, bytes_per_grad: float, n: int) -> float:
+    """Bytes each device sends per step of plain data parallelism: ``2 (n-1)/n`` of a gradient.
+
+    One ring all-reduce of the gradient (``n_params * bytes_per_grad`` bytes) per step; the
+    compiled program shows the buffer reduced (the gradient), the ring sends ``2 (n-1)/n`` of
+    it and receives as much. Bucketing the gradient does not change the bytes, only how many
+    all-reduces carry them.
+
+    Args:
+        n_params: number of parameters (= gradient elements).
+        bytes_per_grad: bytes per gradient element as communicated (4 for FP32, 2 for BF16).
+        n: data-parallel devices.
+
+    Returns:
+        Bytes sent per device per step; 0 for one device.
+
+    References:
+        Patarasuk & Yuan, "Bandwidth optimal all-reduce algorithms for clusters of
+        workstations", JPDC 69(2), 2009. https://doi.org/10.1016/j.jpdc.2008.09.002
+    """
+    _check_positive("n_params", n_params)
+    _check_positive("bytes_per_grad", bytes_per_grad)
+    _check_devices(n)
+    if n == 1:
+        return 0.0
+    return collective_steps_and_bytes("all_reduce", float(n_params) * float(bytes_per_grad), n)[1]
+
+
+def gradient_buckets(total_bytes: int, bucket_bytes: int) -> list[int]:
+    """Sizes in bytes of the buckets a gradient of ``total_bytes`` is cut into.
+
+    ``ceil(total / bucket)`` buckets, all full but the last (as
+    :func:`clusterlab.collectives.all_reduce_gradients` cuts them). Each is one all-reduce, so
+    under a fitted per-call line ``t = alpha + beta * bytes`` the gradient costs
+    ``len(buckets) * alpha + beta * total_bytes``: small buckets pay the latency many times.
+
+    Args:
+        total_bytes: bytes of the whole gradient.
+        bucket_bytes: bytes per bucket.
+
+    Returns:
+        The bucket sizes, summing to ``total_bytes``.
+    """
+    _check_positive("total_bytes", total_bytes)
+    _check_positive("bucket_bytes", bucket_bytes)
+    total, bucket = int(total_bytes), int(bucket_bytes)
+    full, rest = divmod(total, bucket)
+    return [bucket] * full + ([rest] if rest else [])
+
+
+# --- Tensor and pipeline parallelism -------------------------------------------------------------
+
+class TensorParallelTraffic(NamedTuple):
+    """The all-reduces of one tensor-parallel training step (Megatron style).
+
+    Attributes:
+        forward_all_reduces: all-reduces in the forward pass (one per column-then-row pair).
+        backward_all_reduces: all-reduces in the backward pass.
+        all_reduce_bytes: the buffer of each, in bytes: tokens * d_model * bytes_per_element.
+        tp: devices on the tensor-parallel axis.
+    """
+
+    forward_all_reduces: int
+    backward_all_reduces: int
+    all_reduce_bytes: float
+    tp: int
+
+    @property
+    def all_reduces(self) -> int:
+        return self.forward_all_reduces + self.backward_all_reduces
+
+    @property
+    def total_bytes(self) -> float:
+        """Bytes all-reduced per step, counted as nccl-tests counts a buffer."""
+        return self.all_reduces * self.all_reduce_bytes
+
+    @property
+    def sent_bytes_per_device(self) -> float:
+        """Bytes each device sends per step with ring all-reduces: 2(tp-1)/tp of the total."""
+        if self.tp == 1:
+            return 0.0
+        return self.all_reduces * collective_steps_and_bytes("all_reduce", self.all_reduce_bytes,
+                                                             self.tp)[1]
+
+
+def tensor_parallel_bytes_per_step(tokens: int, d_model: int, n_pairs: int, tp: int, *,
+                                   bytes_per_element: int = 4,
+                                   first_input_needs_grad: bool = True) -> TensorParallelTraffic:
+    """All-reduces of a Megatron tensor-parallel training step: count and bytes.
+
+    Each column-parallel then row-parallel pair (an MLP block; attention is a second pair in a
+    transformer layer) all-reduces its output forward (``g``) and the gradient of its input
+    backward (``f``), each a buffer of ``tokens * d_model`` elements: per transformer layer
+    4 all-reduces of ``B*S*D`` elements per step (Shoeybi et al. 2019). When the first pair's
+    input is the data itself (no LayerNorm or embedding before it), nobody needs that gradient
+    and its backward all-reduce disappears: ``2 n_pairs - 1``.
+
+    Args:
+        tokens: B*S, tokens (or examples) in the batch each device processes.
+        d_model: D, the width of the activations all-reduced.
+        n_pairs: column-then-row pairs in the model (MLP blocks; 2 per transformer layer).
+        tp: devices on the tensor-parallel axis; with 1 there is nothing to all-reduce.
+        bytes_per_element: 4 for fp32, 2 for bf16.
+        first_input_needs_grad: whether the gradient of the first pair's input is computed.
+
+    Returns:
+        A :class:`TensorParallelTraffic`.
+
+    References:
+        Shoeybi et al., "Megatron-LM", 2019, Section 3. https://arxiv.org/abs/1909.08053
+        Narayanan et al., "Efficient Large-Scale Language Model Training on GPU Clusters Using
+        Megatron-LM", SC 2021, Section 3.2. https://arxiv.org/abs/2104.04473
+    """
+    tokens = _checks.count("tokens", tokens)
+    d_model = _checks.count("d_model", d_model)
+    n_pairs = _checks.count("n_pairs", n_pairs)
+    tp = _checks.count("tp", tp)
+    bytes_per_element = _checks.count("bytes_per_element", bytes_per_element)
+    if tp == 1:
+        return TensorParallelTraffic(0, 0, float(tokens * d_model * bytes_per_element), 1)
+    backward = n_pairs if first_input_needs_grad else n_pairs - 1
+    return TensorParallelTraffic(n_pairs, backward, float(tokens * d_model * bytes_per_element),
+                                 tp)
+
+
+PIPELINE_SCHEDULES = ("gpipe", "1f1b")
+
+
+def _check_pipeline(stages: int, microbatches: int, schedule: str) -> tuple[int, int]:
+    if schedule not in PIPELINE_SCHEDULES:
+        raise ValueError(f"Unknown pipeline schedule {schedule!r}; known: "
+                         f"{', '.join(PIPELINE_SCHEDULES)}.")
+    return _checks.count("stages", stages), _checks.count("microbatches", microbatches)
+
+
+def pipeline_bubble_fraction(stages: int, microbatches: int, schedule: str = "gpipe") -> float:
+    """The fraction of a pipeline step each stage idles: ``(p-1) / (m+p-1)``.
+
+    With p stages and m micro-batches, and every stage taking the same time per micro-batch, a
+    step lasts ``m + p - 1`` forward slots and as many backward slots, of which each stage works
+    ``m``. GPipe and 1F1B idle alike; 1F1B only changes the order of the work, which bounds the
+    activations a stage holds (:func:`pipeline_activation_microbatches`).
+
+    Args:
+        stages: p, pipeline stages (devices along the pipeline).
+        microbatches: m, micro-batches per step.
+        schedule: ``"gpipe"`` or ``"1f1b"``.
+
+    Returns:
+        The idle fraction, in [0, 1).
+
+    References:
+        Huang et al., "GPipe", NeurIPS 2019, Section 2.2. https://arxiv.org/abs/1811.06965
+        Narayanan et al., "Efficient Large-Scale Language Model Training on GPU Clusters Using
+        Megatron-LM", SC 2021, Section 2.2.1. https://arxiv.org/abs/2104.04473
+    """
+    p, m = _check_pipeline(stages, microbatches, schedule)
+    return (p - 1) / (m + p - 1)
+
+
+def pipeline_activation_microbatches(stages: int, microbatches: int, schedule: str = "gpipe", *,
+                                     stage: int = 0) -> int:
+    """The most micro-batches whose activations one stage holds at once.
+
+    GPipe runs all m forwards before any backward, so every stage holds all m. 1F1B starts the
+    backward of a micro-batch as soon as it can and lets stage ``s`` run at most ``p - s``
+    forwards ahead of its backwards: stage 0 holds ``min(p, m)``, the last stage 1.
+
+    Args:
+        stages: p.
+        microbatches: m.
+        schedule: ``"gpipe"`` or ``"1f1b"``.
+        stage: which stage, 0 (the first, which holds the most) to p-1.
+
+    Returns:
+        A number of micro-batches; times the bytes of one micro-batch's stashed activations it
+        is the stage's activation memory.
+
+    References:
+        Narayanan et al., SC 2021, Section 2.2.1 (1F1B limits in-flight micro-batches to p).
+    """
+    p, m = _check_pipeline(stages, microbatches, schedule)
+    if not 0 <= stage < p:
+        raise ValueError(f"stage must be in [0, {p - 1}] for {p} stages, got {stage!r}.")
+    return m if schedule == "gpipe" else min(p - stage, m)
+
+
+def link_from_fit(fit: AlphaBeta, op: str, n: int, algorithm: str = "ring") -> tuple[float, float]:
+    """The link behind a measured line: invert :func:`collective_alpha_beta`.
+
+    A collective that takes ``steps`` latency steps and sends ``w`` bytes per buffer byte has the
+    line ``alpha = steps * latency``, ``beta = w / bandwidth``; a fitted line therefore gives
+    the link's ``bandwidth = w / beta`` and ``latency = alpha / steps``.
+
+    Args:
+        fit: a line fitted to the collective's measured times (:func:`fit_alpha_beta`).
+        op: the collective that was measured, one of :data:`OPS`.
+        n: devices it ran over (at least 2).
+        algorithm: the algorithm to read the line with.
+
+    Returns:
+        ``(bandwidth_bytes_per_s, latency_s)`` of one link; the bandwidth is ``inf`` when the
+        fit has no bandwidth term.
+    """
+    if n < 2:
+        raise ValueError(f"A collective over n={n} device moves nothing; fit a level with at "
+                         "least 2 devices.")
+    steps, wire_bytes_per_byte = collective_steps_and_bytes(op, 1.0, n, algorithm)
+    bandwidth = math.inf if fit.beta == 0 else wire_bytes_per_byte / fit.beta
+    return bandwidth, fit.alpha / steps
+
+
+@dataclass(frozen=True)
+class TwoLevelModel:
+    """Links inside a host and between hosts, and the all-reduces they predict.
+
+    Attributes:
+        devices_per_host: devices in one host (processes' local devices).
+        n_hosts: hosts (processes).
+        intra_bandwidth: bytes/s per device per direction inside a host.
+        intra_latency: seconds per step inside a host.
+        inter_bandwidth: bytes/s per device per direction between hosts.
+        inter_latency: seconds per step between hosts.
+    """
+
+    devices_per_host: int
+    n_hosts: int
+    intra_bandwidth: float
+    intra_latency: float
+    inter_bandwidth: float
+    inter_latency: float
+
+    def intra_all_reduce_s(self, nbytes: float | Sequence[float]) -> np.ndarray | float:
+        """A ring all-reduce of ``nbytes`` per device among the devices of one host."""
+        return self._map(nbytes, lambda b: collective_time(
+            "all_reduce", b, self.devices_per_host, self.intra_bandwidth, self.intra_latency))
+
+    def inter_all_reduce_s(self, nbytes: float | Sequence[float]) -> np.ndarray | float:
+        """A ring all-reduce of ``nbytes`` per device among one device of each host."""
+        return self._map(nbytes, lambda b: collective_time(
+            "all_reduce", b, self.n_hosts, self.inter_bandwidth, self.inter_latency))
+
+    def flat_all_reduce_s(self, nbytes: float | Sequence[float]) -> np.ndarray | float:
+        """One ring over every device: each step waits for its slowest link, a network one."""
+        n = self.devices_per_host * self.n_hosts
+        slow_bandwidth = min(self.intra_bandwidth, self.inter_bandwidth)
+        slow_latency = max(self.intra_latency, self.inter_latency)
+        return self._map(nbytes, lambda b: collective_time("all_reduce", b, n, slow_bandwidth,
+                                                           slow_latency))
+
+    def hierarchical_all_reduce_s(self, nbytes: float | Sequence[float]) -> np.ndarray | float:
+        """Reduce-scatter inside, all-reduce across, all-gather inside
+        (:func:`hierarchical_all_reduce_time`)."""
+        return self._map(nbytes, lambda b: hierarchical_all_reduce_time(
+            b, self.devices_per_host, self.n_hosts, self.intra_bandwidth, self.inter_bandwidth,
+            intra_latency=self.intra_latency, inter_latency=self.inter_latency))
+
+    @staticmethod
+    def _map(nbytes, fn):
+        values = np.asarray(nbytes, dtype=float)
+        out = np.vectorize(fn, otypes=[float])(values)
+        return float(out) if out.ndim == 0 else out
+
+
+def fit_two_level(intra_nbytes: Sequence[float], intra_s: Sequence[float],
+                  inter_nbytes: Sequence[float], inter_s: Sequence[float], *,
+                  devices_per_host: int, n_hosts: int) -> TwoLevelModel:
+    """Fit the links of a two-level cluster from two measured all-reduce sweeps.
+
+    ``intra`` is an all-reduce over the devices of one host (all hosts at once), ``inter`` one
+    over the hosts (one all-reduce per device index, all at once, as in the middle phase of the
+    hierarchical all-reduce). Each sweep is fitted with :func:`fit_alpha_beta` and read as a
+    ring with :func:`link_from_fit`.
+
+    Args:
+        intra_nbytes, intra_s: per-device buffer sizes in bytes and seconds, inside a host.
+        inter_nbytes, inter_s: the same across hosts.
+        devices_per_host: devices per host (at least 2, or there is no intra level to fit).
+        n_hosts: hosts (at least 2).
+
+    Returns:
+        The fitted :class:`TwoLevelModel`.
+
+    References:
+        Thakur et al. 2005; Jeaugey 2019 (NCCL's hierarchical algorithms).
+    """
+    devices_per_host = int(devices_per_host)
+    n_hosts = int(n_hosts)
+    if devices_per_host < 2 or n_hosts < 2:
+        raise ValueError(f"A two-level fit needs at least 2 devices per host and 2 hosts, got "
+                         f"{devices_per_host} and {n_hosts}; with one level, use "
+                         "fit_alpha_beta.")
+    intra_bw, intra_lat = link_from_fit(fit_alpha_beta(intra_nbytes, intra_s), "all_reduce",
+                                        devices_per_host)
+    inter_bw, inter_lat = link_from_fit(fit_alpha_beta(inter_nbytes, inter_s), "all_reduce",
+                                        n_hosts)
+    return TwoLevelModel(devices_per_host, n_hosts, intra_bw, intra_lat, inter_bw, inter_lat)

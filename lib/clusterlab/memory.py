@@ -22,6 +22,7 @@ References:
 from __future__ import annotations
 
 import math
+from clusterlab import _checks
 from clusterlab._checks import positive as _check_positive
 
 ZERO_STAGES = (0, 1, 2, 3)
@@ -104,3 +105,83 @@ def checkpoint_bytes(n_params: float, *, bytes_param: float = 2,
     _check_positive("bytes_param", bytes_param)
     _check_positive("optimizer_bytes_per_param", optimizer_bytes_per_param, allow_zero=True)
     return float(n_params * (bytes_param + optimizer_bytes_per_param))
+
+
+ACTIVATION_RECOMPUTE = ("none", "selective", "full")
+
+
+def transformer_layer_activation_bytes(seq_len: int, micro_batch: int, hidden: int,
+                                       n_heads: int, *, tensor_parallel: int = 1,
+                                       sequence_parallel: bool = False,
+                                       recompute: str = "none") -> float:
+    """Bytes of activations one transformer layer keeps for its backward pass, per device.
+
+    With 16-bit activations (2 bytes per value, 1-byte dropout masks), sequence length ``s``,
+    micro-batch ``b``, hidden size ``h``, ``a`` attention heads and tensor-parallel degree ``t``:
+
+    * no parallelism: ``s b h (34 + 5 a s / h)``: 34 bytes per token and hidden unit for the
+      attention block's and MLP's inputs, outputs and masks, and ``5 a s / h`` for the attention
+      scores, their softmax and its dropout mask, which grow with ``s``;
+    * tensor parallelism: ``s b h (10 + 24/t + 5 a s / (h t))``: the LayerNorms and dropouts
+      outside the split layers (10) stay replicated;
+    * with sequence parallelism too: ``s b h (34/t + 5 a s / (h t))``, everything split ``t`` ways;
+    * ``recompute="selective"`` drops the ``5 a s / h`` attention term (recomputed in the
+      backward pass); ``recompute="full"`` keeps only the layer's input, ``2 s b h`` (``/ t``
+      with sequence parallelism).
+
+    Args:
+        seq_len: s, tokens per sequence.
+        micro_batch: b, sequences per micro-batch.
+        hidden: h, the hidden size.
+        n_heads: a, attention heads.
+        tensor_parallel: t, the tensor-parallel degree.
+        sequence_parallel: whether LayerNorm and dropout are split along the sequence as well.
+        recompute: ``"none"``, ``"selective"`` or ``"full"``.
+
+    Returns:
+        Bytes per device for one layer. GPT-3 (s = 2048, h = 12288, a = 96) with b = 1 and no
+        parallelism: 2048 * 12288 * (34 + 80) = 2.87e9 bytes.
+
+    References:
+        Korthikanti et al., "Reducing Activation Recomputation in Large Transformer Models",
+        MLSys 2023, Section 4 and Table 2. https://arxiv.org/abs/2205.05198
+    """
+    s = _checks.count("seq_len", seq_len)
+    b = _checks.count("micro_batch", micro_batch)
+    h = _checks.count("hidden", hidden)
+    a = _checks.count("n_heads", n_heads)
+    t = _checks.count("tensor_parallel", tensor_parallel)
+    if recompute not in ACTIVATION_RECOMPUTE:
+        raise ValueError(f"recompute must be one of {ACTIVATION_RECOMPUTE}, got {recompute!r}.")
+    if recompute == "full":
+        return float(s * b * h * 2 / (t if sequence_parallel else 1))
+    attention_scores = 0.0 if recompute == "selective" else 5 * a * s / (h * t)
+    rest = 34 / t if sequence_parallel else 10 + 24 / t
+    return float(s * b * h * (rest + attention_scores))
+
+
+def per_device_bytes(tree) -> dict[int, int]:
+    """Bytes each device actually holds for a pytree of (sharded) JAX arrays.
+
+    Reads every leaf's ``addressable_shards``: a replicated array counts in full on every device,
+    an array split ``p`` ways counts ``1/p`` on each. This is the measurement that
+    :func:`training_memory_per_device` predicts (for the arrays you pass: parameters, optimizer
+    state, gradients).
+
+    Args:
+        tree: a pytree whose leaves are ``jax.Array`` s (e.g. ``(params, opt_state)``).
+
+    Returns:
+        ``{device id: bytes}`` for every device holding a shard of any leaf.
+    """
+    from jax import tree_util  # imported here: this module stays importable without JAX work
+
+    totals: dict[int, int] = {}
+    for leaf in tree_util.tree_leaves(tree):
+        shards = getattr(leaf, "addressable_shards", None)
+        if shards is None:
+            raise ValueError(f"per_device_bytes needs jax.Array leaves, got {type(leaf).__name__}; "
+                             "place the tree on devices first (jax.device_put).")
+        for shard in shards:
+            totals[shard.device.id] = totals.get(shard.device.id, 0) + int(shard.data.nbytes)
+    return totals

@@ -1,0 +1,293 @@
+"""Unit tests of data parallelism (clusterlab.parallel.data), the gradient all-reduce and the
+program inspection in clusterlab.collectives, and the data-parallel cost model."""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import PartitionSpec as P
+
+from clusterlab import collectives, costmodel, devices, models
+from clusterlab.parallel import data
+from conftest import sub_mesh
+
+D, H, BLOCKS, BATCH, STEPS = 16, 32, 2, 32, 4
+AXIS = "data"
+
+
+@pytest.fixture(scope="module")
+def problem():
+    """Initial parameters, batches, optimizer and the single-device reference run."""
+    params = models.init_mlp(jax.random.key(0), d_model=D, d_hidden=H, n_blocks=BLOCKS)
+    x, y = models.synthetic_regression(jax.random.key(1), n_samples=96, d_model=D)
+    batches = models.make_batches(x, y, batch_size=BATCH, n_steps=STEPS)
+    optimizer = models.make_optimizer(1e-2)
+    reference, losses = models.reference_train(params, batches, optimizer=optimizer)
+    return params, batches, optimizer, reference, losses
+
+
+def max_relative_diff(trained, reference) -> float:
+    scale = max(float(np.max(np.abs(np.asarray(leaf)))) for leaf in jax.tree.leaves(reference))
+    return models.max_abs_diff(trained, reference) / scale
+
+
+@pytest.mark.parametrize("n", [2, 4, 8])
+@pytest.mark.parametrize("form", data.FORMS)
+def test_each_form_equals_the_single_device_run(problem, form, n):
+    params, batches, optimizer, reference, ref_losses = problem
+    dp = data.make_data_parallel(form, models.mse_loss, optimizer, sub_mesh(n, AXIS),
+                                 axis_name=AXIS)
+    trained, losses = data.train(dp, params, batches)
+    assert dp.n_devices == n
+    assert max_relative_diff(trained, reference) < 1e-5
+    np.testing.assert_allclose(losses, ref_losses, rtol=1e-5)
+    # and it did train: the parameters moved far more than the tolerance
+    assert max_relative_diff(params, reference) > 1e-3
+
+
+def test_bucketed_all_reduce_equals_the_single_device_run(problem):
+    params, batches, optimizer, reference, _ = problem
+    for form in ("pmap", "shard_map"):
+        dp = data.make_data_parallel(form, models.mse_loss, optimizer, sub_mesh(4, AXIS),
+                                     axis_name=AXIS, bucket_bytes=1000)
+        trained, _ = data.train(dp, params, batches)
+        assert max_relative_diff(trained, reference) < 1e-5
+
+
+def test_without_gradient_sync_the_replicas_drift(problem):
+    params, batches, optimizer, reference, _ = problem
+    dp = data.shard_map_data_parallel(models.mse_loss, optimizer, sub_mesh(4, AXIS),
+                                      axis_name=AXIS, sync_gradients=False)
+    state = dp.init(params)
+    x, y = dp.place_batch(*batches[0])
+    new_params, _, _ = dp.step(*state, x, y)
+    # out_specs P() claims replication; without the all-reduce the shards differ
+    w1 = new_params[0]["w1"]
+    first, second = (np.asarray(s.data) for s in w1.addressable_shards[:2])
+    assert np.max(np.abs(first - second)) > 1e-6
+    assert "all-reduce" not in collectives.summarize(
+        [op for op in collectives.compiled_collectives(dp.step, *state, x, y) if op.bytes > 4])
+
+
+def compiled_step(form: str, n: int, problem, **options):
+    params, batches, optimizer, _, _ = problem
+    dp = data.make_data_parallel(form, models.mse_loss, optimizer, sub_mesh(n, AXIS),
+                                 axis_name=AXIS, **options)
+    state = dp.init(params)
+    return dp, collectives.compiled_collectives(dp.step, *state, *dp.place_batch(*batches[0]))
+
+
+@pytest.mark.parametrize("form", data.FORMS)
+def test_bytes_all_reduced_per_step_are_the_gradient(problem, form):
+    params = problem[0]
+    gradient_bytes = data.gradient_bytes(params)
+    assert gradient_bytes == 4 * BLOCKS * (2 * D * H + H + D)
+    for n in (2, 8):
+        _, ops = compiled_step(form, n, problem)
+        summary = collectives.summarize(ops)
+        assert set(summary) == {"all-reduce"}
+        # the gradients, plus 4 bytes: the f32 loss averaged for reporting
+        assert summary["all-reduce"].total_bytes == gradient_bytes + 4
+        per_device = costmodel.data_parallel_bytes_per_step(
+            summary["all-reduce"].total_bytes - 4, 1, n)
+        assert per_device == pytest.approx(2 * (n - 1) / n * gradient_bytes)
+
+
+def test_xla_combines_the_per_leaf_all_reduces(problem):
+    params = problem[0]
+    _, combined = compiled_step("shard_map", 4, problem)
+    _, separate = compiled_step("shard_map", 4, problem, combine_all_reduces=False)
+    assert len(combined) == 1  # one tuple all-reduce: XLA's combiner did the bucketing
+    n_leaves = len(jax.tree.leaves(params))
+    assert len(separate) == n_leaves + 1  # one per gradient leaf, one for the loss
+    assert sum(op.bytes for op in separate) == sum(op.bytes for op in combined)
+    _, jit_separate = compiled_step("jit", 4, problem, combine_all_reduces=False)
+    assert sorted(op.bytes for op in jit_separate) == sorted(op.bytes for op in separate)
+
+
+@pytest.mark.parametrize("bucket_bytes", [256, 4096, 10_000, 1 << 20])
+def test_bucketing_gives_ceil_total_over_bucket_all_reduces(problem, bucket_bytes):
+    gradient_bytes = data.gradient_bytes(problem[0])
+    _, ops = compiled_step("shard_map", 4, problem, bucket_bytes=bucket_bytes,
+                           combine_all_reduces=False)
+    buckets = [op.bytes for op in ops if op.shape != "f32[]"]  # the loss is f32[]
+    assert len(buckets) == math.ceil(gradient_bytes / bucket_bytes)
+    assert sorted(buckets) == sorted(costmodel.gradient_buckets(gradient_bytes, bucket_bytes))
+
+
+def test_batch_must_divide_over_the_devices(problem):
+    params, batches, optimizer, _, _ = problem
+    x, y = batches[0]
+    for form in data.FORMS:
+        dp = data.make_data_parallel(form, models.mse_loss, optimizer, sub_mesh(8, AXIS),
+                                     axis_name=AXIS)
+        with pytest.raises(ValueError, match=r"30 examples .* 8 data-parallel devices.*"
+                                             r"multiple of 8 \(e\.g\. 32\)"):
+            dp.place_batch(x[:30], y[:30])
+        with pytest.raises(ValueError, match="multiple of 8"):
+            data.train(dp, params, [(x[:12], y[:12])])
+
+
+def test_bad_configurations_are_named():
+    opt = models.make_optimizer()
+    with pytest.raises(ValueError, match="Unknown data-parallel form 'ddp'"):
+        data.make_data_parallel("ddp", models.mse_loss, opt, sub_mesh(2, AXIS), axis_name=AXIS)
+    with pytest.raises(ValueError, match="'batch' is not in the mesh"):
+        data.make_data_parallel("jit", models.mse_loss, opt, sub_mesh(2, AXIS),
+                                axis_name="batch")
+    mesh_2d = devices.mesh((2, 2), (AXIS, "model"), jax.devices()[:4])
+    with pytest.raises(ValueError, match="pmap form runs over one axis"):
+        data.pmap_data_parallel(models.mse_loss, opt, mesh_2d, axis_name=AXIS)
+
+
+def test_all_reduce_gradients_mean_and_buckets():
+    mesh = sub_mesh(4, AXIS)
+    tree = {"a": jnp.arange(4 * 6, dtype=jnp.float32).reshape(4, 6),
+            "b": jnp.arange(4 * 3, dtype=jnp.float32).reshape(4, 3) * 10}
+    expected = jax.tree.map(lambda leaf: jnp.broadcast_to(leaf.mean(0), leaf.shape), tree)
+
+    def run(bucket_bytes):
+        fn = jax.jit(jax.shard_map(
+            lambda t: collectives.all_reduce_gradients(t, AXIS, bucket_bytes=bucket_bytes),
+            mesh=mesh, in_specs=P(AXIS), out_specs=P(AXIS)))
+        return fn(tree)
+
+    for bucket_bytes in (None, 4, 12, 20, 1000):
+        out = run(bucket_bytes)
+        for key in tree:
+            np.testing.assert_allclose(out[key], expected[key], rtol=1e-6)
+    with pytest.raises(ValueError, match="multiple of the gradients' item size"):
+        run(6)
+    with pytest.raises(ValueError, match="share one dtype"):
+        jax.jit(jax.shard_map(
+            lambda t: collectives.all_reduce_gradients(t, AXIS, bucket_bytes=8),
+            mesh=mesh, in_specs=P(AXIS), out_specs=P(AXIS)))(
+                {"a": jnp.ones((4, 2)), "b": jnp.ones((4, 2), jnp.bfloat16)})
+
+
+def test_all_reduce_gradients_skips_a_size_one_axis():
+    mesh = sub_mesh(1, AXIS)
+    fn = jax.jit(jax.shard_map(lambda g: collectives.all_reduce_gradients(g, AXIS),
+                               mesh=mesh, in_specs=P(AXIS), out_specs=P(AXIS)))
+    assert collectives.compiled_collectives(fn, jnp.ones(4)) == []
+
+
+# --- Program inspection --------------------------------------------------------------------
+
+def test_psum_on_eight_devices_is_one_all_reduce_of_the_block():
+    mesh = sub_mesh(8, "i")
+    x = devices.shard(jnp.ones((8, 128), jnp.float32), mesh, P("i"))
+    total = jax.jit(jax.shard_map(lambda b: jax.lax.psum(b, "i"), mesh=mesh, in_specs=P("i"),
+                                  out_specs=P("i")))
+    ops = collectives.compiled_collectives(total, x)
+    assert ops == [collectives.CollectiveOp("all-reduce", 512, "f32[1,128]{1,0}")]
+    assert collectives.summarize(ops) == {"all-reduce": collectives.CollectiveSummary(1, 512)}
+
+
+def test_each_collective_kind_and_its_result_bytes():
+    mesh = sub_mesh(4, "i")
+    x = devices.shard(jnp.ones((4 * 8, 16), jnp.float32), mesh, P("i"))  # block f32[8, 16]
+    ring = [(i, (i + 1) % 4) for i in range(4)]
+    fn = jax.jit(jax.shard_map(
+        lambda b: (jax.lax.all_gather(b, "i", tiled=True),
+                   jax.lax.psum_scatter(b, "i", tiled=True),
+                   jax.lax.ppermute(b, "i", ring),
+                   jax.lax.all_to_all(b, "i", 0, 0, tiled=True)),
+        mesh=mesh, in_specs=P("i"), out_specs=P("i")))
+    summary = collectives.summarize(collectives.compiled_collectives(fn, x))
+    block = 8 * 16 * 4
+    assert summary == {"all-gather": (1, 4 * block), "reduce-scatter": (1, block // 4),
+                       "collective-permute": (1, block), "all-to-all": (1, block)}
+    assert collectives.hlo_op_count(fn, x, op="all-gather") == 1
+
+
+def test_jit_inserts_the_all_reduce_of_a_sharded_sum():
+    mesh = sub_mesh(8, "i")
+    x = devices.shard(jnp.ones((8, 128), jnp.float32), mesh, P("i"))
+    ops = collectives.compiled_collectives(jax.jit(lambda a: a.sum(axis=0)), x)
+    assert [(op.kind, op.bytes) for op in ops] == [("all-reduce", 128 * 4)]
+
+
+def test_shape_bytes():
+    assert collectives.shape_bytes("f32[1024]{0}") == 4096
+    assert collectives.shape_bytes("f32[]") == 4
+    assert collectives.shape_bytes("bf16[8,128]{1,0}") == 2048
+    assert collectives.shape_bytes("(f32[8,128]{1,0}, /*index=1*/s32[2]{0}, pred[3])") == 4096 + 11
+    assert collectives.shape_bytes("f8e4m3fn[16]") == 16
+    assert collectives.shape_bytes("f32[<=8]") == 32
+    assert collectives.shape_bytes("token[]") == 0
+    with pytest.raises(ValueError, match="Unknown HLO element type"):
+        collectives.shape_bytes("q99[4]")
+
+
+GPU_STYLE_HLO = """\
+HloModule jit_step, entry_computation_layout={(f32[256]{0})->f32[256]{0}}
+
+%add (a: f32[], b: f32[]) -> f32[] {
+  %a = f32[] parameter(0)
+  %b = f32[] parameter(1)
+  ROOT %sum = f32[] add(f32[] %a, f32[] %b)
+}
+
+ENTRY %main (p: f32[256]) -> f32[256] {
+  %p = f32[256]{0} parameter(0)
+  %ar-start = f32[256]{0} all-reduce-start(f32[256]{0} %p), replica_groups={{0,1}}, to_apply=%add
+  %ar-done = f32[256]{0} all-reduce-done(f32[256]{0} %ar-start)
+  %ag-start = (f32[256]{0}, f32[512]{0}) all-gather-start(f32[256]{0} %ar-done), dimensions={0}
+  %ag-done = f32[512]{0} all-gather-done((f32[256]{0}, f32[512]{0}) %ag-start)
+  ROOT %cp = f32[256]{0} collective-permute(f32[256]{0} %ar-done), source_target_pairs={{0,1},{1,0}}
+}
+"""
+
+
+def test_async_pairs_count_once_with_the_result_bytes():
+    ops = collectives.collectives_in_text(GPU_STYLE_HLO)
+    assert [(op.kind, op.bytes) for op in ops] == [
+        ("all-reduce", 1024), ("all-gather", 2048), ("collective-permute", 1024)]
+    opcodes = [ins.opcode for ins in collectives.hlo_instructions(GPU_STYLE_HLO)]
+    assert opcodes.count("all-reduce-start") == 1 and "add" in opcodes
+
+
+def test_compiled_collectives_needs_jit():
+    with pytest.raises(TypeError, match="jax.jit"):
+        collectives.compiled_collectives(jnp.sum, jnp.ones(4))
+
+
+# --- Cost model ----------------------------------------------------------------------------
+
+def test_data_parallel_bytes_per_step():
+    assert costmodel.data_parallel_bytes_per_step(1000, 4, 8) == pytest.approx(7000.0)
+    assert costmodel.data_parallel_bytes_per_step(1000, 2, 2) == pytest.approx(2000.0)
+    assert costmodel.data_parallel_bytes_per_step(1000, 4, 1) == 0.0
+    # the same as ZeRO stage 0
+    assert costmodel.data_parallel_bytes_per_step(1e9, 2, 64) == pytest.approx(
+        costmodel.sharded_data_parallel_bytes_per_step(1e9, 2, 64, 0))
+    with pytest.raises(ValueError, match="n_params"):
+        costmodel.data_parallel_bytes_per_step(0, 4, 8)
+
+
+def test_gradient_buckets():
+    assert costmodel.gradient_buckets(10, 4) == [4, 4, 2]
+    assert costmodel.gradient_buckets(8, 4) == [4, 4]
+    assert costmodel.gradient_buckets(3, 100) == [3]
+    with pytest.raises(ValueError, match="bucket_bytes"):
+        costmodel.gradient_buckets(10, 0)
+
+
+def test_gradient_all_reduce_alone(problem):
+    params = problem[0]
+    mesh = sub_mesh(4, AXIS)
+    grads = jax.device_put(params, jax.sharding.NamedSharding(mesh, P()))
+    for bucket_bytes in (None, 8192):
+        fn = data.make_gradient_all_reduce(mesh, axis_name=AXIS, bucket_bytes=bucket_bytes,
+                                           combine_all_reduces=False)
+        assert models.max_abs_diff(fn(grads), params) < 1e-6  # the mean of 4 equal copies
+        ops = collectives.compiled_collectives(fn, grads)
+        expected = (len(jax.tree.leaves(params)) if bucket_bytes is None
+                    else math.ceil(data.gradient_bytes(params) / bucket_bytes))
+        assert len(ops) == expected
+        assert sum(op.bytes for op in ops) == data.gradient_bytes(params)

@@ -1,0 +1,133 @@
+"""Pipeline parallelism: schedules against hand-derived values, GPipe and 1F1B training against
+the single-device reference, the ppermutes counted from the compiled program, input checks."""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+import pytest
+
+from clusterlab import collectives, costmodel, models
+from clusterlab.parallel import pipeline
+from conftest import sub_mesh
+
+AXIS = "stage"
+D, H, BLOCKS, BATCH, STEPS = 8, 16, 8, 16, 3
+
+
+@pytest.fixture(scope="module")
+def case():
+    params = models.init_mlp(jax.random.key(0), d_model=D, d_hidden=H, n_blocks=BLOCKS)
+    x, y = models.synthetic_regression(jax.random.key(1), n_samples=2 * BATCH, d_model=D)
+    batches = models.make_batches(x, y, batch_size=BATCH, n_steps=STEPS)
+    reference, losses = models.reference_train(params, batches)
+    return params, batches, jax.device_get(reference), np.asarray(losses)
+
+
+@pytest.mark.parametrize("stages, microbatches, schedule", [
+    (2, 4, "gpipe"), (4, 4, "1f1b"), (8, 2, "gpipe"), (2, 1, "1f1b")])
+def test_pipeline_equals_single_device(case, stages, microbatches, schedule):
+    params, batches, reference, losses = case
+    trained, pp_losses = pipeline.train(params, batches, sub_mesh(stages, AXIS), AXIS,
+                                        microbatches=microbatches, schedule=schedule)
+    assert models.max_abs_diff(trained, reference) < 1e-6
+    np.testing.assert_allclose(pp_losses, losses, rtol=1e-5, atol=1e-6)
+
+
+def test_automatic_sharding_equals_single_device(case):
+    params, batches, reference, losses = case
+    trained, auto_losses = pipeline.train(params, batches, sub_mesh(4, AXIS), AXIS,
+                                          microbatches=1, automatic=True)
+    assert models.max_abs_diff(trained, reference) < 1e-6
+    np.testing.assert_allclose(auto_losses, losses, rtol=1e-5, atol=1e-6)
+
+
+def test_gpipe_schedule_by_hand():
+    # p = 2, m = 2: F0 F1 .. B0 B1 on stage 1 one slot later, 2(m+p-1) = 6 slots.
+    schedule = pipeline.make_schedule(2, 2, "gpipe")
+    assert schedule.render().splitlines() == ["stage 0: F0 F1       B0 B1",
+                                              "stage 1:    F0 F1 B0 B1   "]
+    assert schedule.idle_fraction == pytest.approx(1 / 3)
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+@pytest.mark.parametrize("stages, microbatches", [(1, 3), (2, 1), (4, 8), (8, 4), (3, 7)])
+def test_idle_fraction_from_schedule_equals_formula(schedule, stages, microbatches):
+    table = pipeline.make_schedule(stages, microbatches, schedule)
+    assert table.slots == 2 * (microbatches + stages - 1)
+    assert np.all(np.sum(table.kind != pipeline.IDLE, axis=0) == 2 * microbatches)
+    assert table.idle_fraction == pytest.approx(
+        costmodel.pipeline_bubble_fraction(stages, microbatches, schedule))
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+@pytest.mark.parametrize("stages, microbatches", [(4, 8), (4, 2), (8, 16), (2, 5)])
+def test_held_activations_from_schedule(schedule, stages, microbatches):
+    table = pipeline.make_schedule(stages, microbatches, schedule)
+    peak = table.held_microbatches().max(axis=0)
+    expected = [costmodel.pipeline_activation_microbatches(stages, microbatches, schedule,
+                                                           stage=s) for s in range(stages)]
+    assert list(peak) == expected
+    assert table.stash_slots()[0] == expected[0]  # the executor's stash: m or min(p, m)
+
+
+def test_bubble_values_by_hand():
+    assert costmodel.pipeline_bubble_fraction(4, 8) == pytest.approx(3 / 11)
+    assert costmodel.pipeline_bubble_fraction(4, 8, "1f1b") == pytest.approx(3 / 11)
+    assert costmodel.pipeline_bubble_fraction(1, 5) == 0
+    assert costmodel.pipeline_activation_microbatches(4, 8, "gpipe") == 8
+    assert costmodel.pipeline_activation_microbatches(4, 8, "1f1b") == 4
+    assert costmodel.pipeline_activation_microbatches(4, 8, "1f1b", stage=3) == 1
+    with pytest.raises(ValueError, match="schedule"):
+        costmodel.pipeline_bubble_fraction(4, 8, "interleaved")
+
+
+def test_stash_bytes():
+    assert pipeline.stash_bytes(pipeline.make_schedule(4, 8, "gpipe"), 64, 16) == 8 * 8 * 16 * 4
+    assert pipeline.stash_bytes(pipeline.make_schedule(4, 8, "1f1b"), 64, 16) == 4 * 8 * 16 * 4
+
+
+def test_ppermutes_counted_from_compiled_program(case):
+    params, batches = case[:2]
+    x, y = batches[0]
+    stages, m = 4, 4
+    schedule = pipeline.make_schedule(stages, m, "1f1b")
+    mesh = sub_mesh(stages, AXIS)
+    optimizer = models.make_optimizer()
+    step = pipeline.make_train_step(mesh, AXIS, schedule, optimizer=optimizer)
+    stacked = pipeline.shard_stages(params, mesh, AXIS)
+    ops = collectives.executed_collectives(step, stacked,
+                                           pipeline.init_opt_state(optimizer, stacked), x, y)
+    permutes = [op for op in ops if op.kind == "collective-permute"]
+    # one forward and one backward ppermute of a micro-batch f32[B/m, D] per slot, and one f32[1]
+    # that brings the loss from the last stage to where the step returns it
+    micro_bytes = BATCH // m * D * 4
+    assert sum(op.bytes == micro_bytes for op in permutes) == 2 * schedule.slots
+    assert sorted(op.bytes for op in permutes if op.bytes != micro_bytes) == [4]
+
+
+def test_layers_must_divide(case):
+    params, batches = case[:2]
+    with pytest.raises(ValueError, match="n_blocks = 8 does not divide by 3 stages"):
+        pipeline.train(params, batches, sub_mesh(3, AXIS), AXIS, microbatches=2)
+
+
+def test_batch_must_divide(case):
+    params, batches = case[:2]
+    with pytest.raises(ValueError, match="16 examples does not split into 3 equal"):
+        pipeline.train(params, batches, sub_mesh(2, AXIS), AXIS, microbatches=3)
+
+
+def test_mesh_must_match_schedule():
+    with pytest.raises(ValueError, match="4 stages but mesh axis"):
+        pipeline.make_train_step(sub_mesh(2, AXIS), AXIS, pipeline.make_schedule(4, 2),
+                                 optimizer=models.make_optimizer())
+
+
+def test_lockstep_time():
+    gpipe = pipeline.make_schedule(4, 8, "gpipe")
+    one_f_one_b = pipeline.make_schedule(4, 8, "1f1b")
+    assert gpipe.lockstep_time_s(1.0, 1.0) == one_f_one_b.lockstep_time_s(1.0, 1.0) == 22
+    assert gpipe.lockstep_time_s(1.0, 2.0) == pytest.approx(11 * 3)
+    # 1F1B: 4 forward-only warm-up slots, then 18 slots with a backward somewhere
+    assert one_f_one_b.lockstep_time_s(1.0, 2.0) == pytest.approx(4 * 1 + 18 * 2)

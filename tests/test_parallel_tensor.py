@@ -1,0 +1,139 @@
+"""Tensor parallelism (Megatron style) against the single-device reference, its all-reduces
+counted from the compiled program against the formula, and its input checks."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from clusterlab import collectives, costmodel, models
+from clusterlab.parallel import tensor
+from conftest import sub_mesh
+
+AXIS = "model"
+D, H, BLOCKS, BATCH, STEPS = 16, 32, 3, 16, 4
+
+
+@pytest.fixture(scope="module")
+def mlp_case():
+    params = models.init_mlp(jax.random.key(0), d_model=D, d_hidden=H, n_blocks=BLOCKS)
+    x, y = models.synthetic_regression(jax.random.key(1), n_samples=2 * BATCH, d_model=D)
+    batches = models.make_batches(x, y, batch_size=BATCH, n_steps=STEPS)
+    reference, losses = models.reference_train(params, batches)
+    return params, batches, jax.device_get(reference), np.asarray(losses)
+
+
+def _transformer_loss(params, x, y):
+    return models.mse_loss(params, x, y, forward=models.transformer_block)
+
+
+@pytest.fixture(scope="module")
+def transformer_case():
+    params = models.init_transformer_block(jax.random.key(2), d_model=16, n_heads=8, d_hidden=32)
+    x = jax.random.normal(jax.random.key(3), (2, 8, 16), jnp.float32)  # f32[B, S, D]
+    batches = [(x * (1 + 0.1 * k), jnp.tanh(x)) for k in range(STEPS)]
+    reference, losses = models.reference_train(params, batches, loss_fn=_transformer_loss)
+    return params, batches, jax.device_get(reference), np.asarray(losses)
+
+
+@pytest.mark.parametrize("tp, automatic", [(2, False), (4, False), (8, False), (4, True)])
+def test_mlp_equals_single_device(mlp_case, tp, automatic):
+    params, batches, reference, losses = mlp_case
+    trained, tp_losses = tensor.train(params, batches, sub_mesh(tp, AXIS), AXIS,
+                                      automatic=automatic)
+    assert models.max_abs_diff(jax.device_get(trained), reference) < 1e-6
+    np.testing.assert_allclose(tp_losses, losses, rtol=1e-5, atol=1e-6)
+    assert not np.allclose(losses[0], losses[-1])  # training moved the parameters
+
+
+@pytest.mark.parametrize("tp", [2, 8])
+def test_transformer_equals_single_device(transformer_case, tp):
+    params, batches, reference, losses = transformer_case
+    trained, tp_losses = tensor.train(params, batches, sub_mesh(tp, AXIS), AXIS)
+    assert models.max_abs_diff(jax.device_get(trained), reference) < 1e-6
+    np.testing.assert_allclose(tp_losses, losses, rtol=1e-5, atol=1e-6)
+
+
+def test_shards_have_the_split_shapes(mlp_case):
+    params = mlp_case[0]
+    sharded = tensor.shard_params(params, sub_mesh(4, AXIS), AXIS)
+    block = sharded[0]
+    assert block["w1"].addressable_shards[0].data.shape == (D, H // 4)
+    assert block["w2"].addressable_shards[0].data.shape == (H // 4, D)
+    assert block["b2"].addressable_shards[0].data.shape == (D,)
+
+
+def _compiled_all_reduces(params, x, y, tp, automatic=False):
+    mesh = sub_mesh(tp, AXIS)
+    optimizer = models.make_optimizer()
+    maker = tensor.make_auto_train_step if automatic else tensor.make_train_step
+    step = maker(params, mesh, AXIS, optimizer=optimizer)
+    sharded = tensor.shard_params(params, mesh, AXIS)
+    summary = collectives.summarize(collectives.compiled_collectives(
+        step, sharded, tensor.init_opt_state(optimizer, sharded), x, y))
+    return summary
+
+
+@pytest.mark.parametrize("tp", [2, 4])
+def test_mlp_all_reduces_match_formula(mlp_case, tp):
+    params, batches = mlp_case[:2]
+    x, y = batches[0]
+    summary = _compiled_all_reduces(params, x, y, tp)
+    expected = costmodel.tensor_parallel_bytes_per_step(BATCH, D, BLOCKS, tp,
+                                                        first_input_needs_grad=False)
+    assert set(summary) == {"all-reduce"}
+    assert summary["all-reduce"].n_ops == expected.all_reduces == 2 * BLOCKS - 1
+    assert summary["all-reduce"].total_bytes == expected.total_bytes == 5 * BATCH * D * 4
+
+
+def test_transformer_all_reduces_match_formula(transformer_case):
+    params, batches = transformer_case[:2]
+    x, y = batches[0]
+    summary = _compiled_all_reduces(params, x, y, 4)
+    expected = costmodel.tensor_parallel_bytes_per_step(2 * 8, 16, 2, 4)
+    assert summary["all-reduce"].n_ops == expected.all_reduces == 4  # Megatron: 4 per layer
+    assert summary["all-reduce"].total_bytes == expected.total_bytes
+
+
+def test_formula_values():
+    traffic = costmodel.tensor_parallel_bytes_per_step(1024, 4096, 2, 8, bytes_per_element=2)
+    assert (traffic.forward_all_reduces, traffic.backward_all_reduces) == (2, 2)
+    assert traffic.all_reduce_bytes == 1024 * 4096 * 2
+    assert traffic.sent_bytes_per_device == pytest.approx(4 * 2 * 7 / 8 * 1024 * 4096 * 2)
+    assert costmodel.tensor_parallel_bytes_per_step(8, 8, 3, 1).all_reduces == 0
+
+
+def test_copy_and_reduce_are_conjugate():
+    # f: identity forward, psum backward; g: psum forward, identity backward.
+    mesh = sub_mesh(4, AXIS)
+    w = jnp.arange(4.0)  # one scalar weight per device
+
+    def per_device(w_block, x):
+        y = collectives.reduce_from_model_parallel(
+            collectives.copy_to_model_parallel(x, AXIS) * w_block[0], AXIS)
+        return jnp.sum(y)
+
+    grad_x = jax.jit(jax.shard_map(jax.grad(per_device, argnums=1), mesh=mesh,
+                                   in_specs=(jax.P(AXIS), jax.P()), out_specs=jax.P(),
+                                   check_vma=False))(w, jnp.ones(3))
+    np.testing.assert_allclose(grad_x, np.full(3, 0 + 1 + 2 + 3))
+
+
+def test_hidden_size_must_divide():
+    params = models.init_mlp(jax.random.key(0), d_model=8, d_hidden=12, n_blocks=1)
+    with pytest.raises(ValueError, match="d_hidden = 12 does not divide by 8"):
+        tensor.shard_params(params, sub_mesh(8, AXIS), AXIS)
+
+
+def test_heads_must_divide():
+    params = models.init_transformer_block(jax.random.key(0), d_model=24, n_heads=6, d_hidden=24)
+    with pytest.raises(ValueError, match="n_heads = 6 does not divide by 4"):
+        tensor.make_train_step(params, sub_mesh(4, AXIS), AXIS,
+                               optimizer=models.make_optimizer())
+
+
+def test_unknown_params():
+    with pytest.raises(ValueError, match="init_mlp"):
+        tensor.param_specs({"w": jnp.ones(2)}, AXIS)
