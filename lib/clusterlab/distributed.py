@@ -1,0 +1,713 @@
+"""Several JAX processes: a cluster on one machine, and the same code on a real one.
+
+A real cluster is several hosts with several devices each; JAX runs one process per host (the
+*multi-controller* model) and joins them with :func:`jax.distributed.initialize`. On CPUs the
+processes exchange collective data over TCP with gloo. This module does both halves:
+
+* **Outside** the processes: :func:`launch` starts ``N`` Python processes on this machine, each
+  with ``M`` simulated CPU devices, on a free port of the loopback address ``127.0.0.1``; it
+  prefixes their output with the process id, collects what each one :func:`report` s, and stops
+  all of them when one fails. :func:`run` does the same for a function ``"module:function"``.
+  ``python -m clusterlab.launch`` is its command line.
+* **Inside** each process: :func:`init` reads where it stands (the launcher's variables, a SLURM
+  job's, or explicit arguments), joins the others, and :func:`host_mesh` lays all devices out as
+  a ``(hosts, devices per host)`` mesh. Nothing else in a training script changes between a
+  laptop and a cluster: only the environment does.
+
+Fault handling, so that a failure never leaves a job hanging: JAX's coordination service stops
+every process whose peer stops sending heartbeats (``heartbeat_timeout_s``); a gloo collective
+fails at once when its peer's socket closes; :func:`init` makes an uncaught exception end the
+process at once (instead of waiting in JAX's shutdown barrier); and the launcher stops the rest
+``grace_s`` seconds after the first process fails.
+
+References:
+    JAX, "Multi-host and multi-process environments",
+    https://docs.jax.dev/en/latest/multi_process.html
+    SLURM ``srun`` output environment variables, https://slurm.schedmd.com/srun.html
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence, TextIO
+
+from clusterlab import _checks
+
+LOOPBACK = "127.0.0.1"
+
+# What the launcher tells each process (read by init()).
+ENV_COORDINATOR = "CLUSTERLAB_COORDINATOR"          # "127.0.0.1:PORT"
+ENV_NUM_PROCESSES = "CLUSTERLAB_NUM_PROCESSES"
+ENV_PROCESS_ID = "CLUSTERLAB_PROCESS_ID"
+ENV_DEVICES_PER_PROCESS = "CLUSTERLAB_DEVICES_PER_PROCESS"
+ENV_HEARTBEAT_TIMEOUT_S = "CLUSTERLAB_HEARTBEAT_TIMEOUT_S"
+ENV_INIT_TIMEOUT_S = "CLUSTERLAB_INIT_TIMEOUT_S"
+ENV_RESULTS_DIR = "CLUSTERLAB_RESULTS_DIR"
+# On a SLURM cluster: the coordinator's port (JAX's own rule derives one from the job id).
+ENV_PORT = "CLUSTERLAB_PORT"
+
+# Exit code of a process that gave up waiting for the others to join.
+EXIT_INIT_TIMEOUT = 3
+
+# gloo prints one such line per device when it connects; the launcher leaves them out.
+_NOISE = re.compile(r"^\[Gloo\] Rank \d+ is connected to \d+ peer ranks")
+
+
+class DistributedError(RuntimeError):
+    """A multi-process run could not start or did not finish; the message says why."""
+
+
+class PortInUseError(DistributedError):
+    """The coordinator's port on the loopback address is taken by another program."""
+
+
+class DeviceCountMismatchError(DistributedError):
+    """The processes do not all have the same number of devices."""
+
+
+# --------------------------------------------------------------------------------------------
+# Where a process stands: the launcher's variables, SLURM's, or explicit arguments.
+
+
+@dataclass(frozen=True)
+class ClusterEnv:
+    """How one process joins the others.
+
+    Attributes:
+        coordinator_address: ``host:port`` of process 0's coordination service.
+        num_processes: processes in the job (hosts, on a cluster with one process per host).
+        process_id: this process's index, ``0 <= process_id < num_processes``.
+        devices_per_process: simulated CPU devices to create here; ``None`` leaves the count to
+            JAX (all local accelerators on a GPU host).
+        source: where the settings came from: ``"clusterlab.launch"``, ``"slurm"``,
+            ``"explicit"`` or ``"single"`` (one process, nothing to join).
+    """
+
+    coordinator_address: str | None
+    num_processes: int
+    process_id: int
+    devices_per_process: int | None
+    source: str
+
+    @property
+    def is_loopback(self) -> bool:
+        """Whether every process runs on this machine (coordinator on 127.0.0.1)."""
+        return (self.coordinator_address or "").rsplit(":", 1)[0] == LOOPBACK
+
+
+def first_slurm_host(nodelist: str) -> str:
+    """The first host name of a SLURM node list, e.g. ``"gpu[003-010,012],login1"`` -> ``"gpu003"``.
+
+    Process 0 of a SLURM step runs on the first node of ``SLURM_STEP_NODELIST``, so that node
+    hosts the coordinator.
+
+    Raises:
+        ValueError: for an empty list.
+    """
+    text = nodelist.strip()
+    if not text:
+        raise ValueError("The SLURM node list is empty; is SLURM_STEP_NODELIST set by srun?")
+    match = re.match(r"^([^,\[]+)(\[([^\],\-]+))?", text)
+    if not match:
+        raise ValueError(f"Cannot read the first host of the SLURM node list {nodelist!r}.")
+    return match.group(1) + (match.group(3) or "")
+
+
+def slurm_port(job_id: str | int) -> int:
+    """The coordinator port JAX derives from a SLURM job id: one of the top 4096 ports."""
+    return int(job_id) % 2**12 + (65535 - 2**12 + 1)
+
+
+def _int_env(environ: Mapping[str, str], name: str) -> int:
+    try:
+        return int(environ[name])
+    except ValueError:
+        raise ValueError(f"Environment variable {name} must be a whole number, got "
+                         f"{environ[name]!r}.") from None
+
+
+def detect_environment(*, coordinator_address: str | None = None,
+                       num_processes: int | None = None, process_id: int | None = None,
+                       devices_per_process: int | None = None,
+                       environ: Mapping[str, str] | None = None) -> ClusterEnv:
+    """Find out how this process joins the others, without starting anything.
+
+    Explicit arguments win; then the variables of :func:`launch`; then a SLURM step's
+    (``SLURM_PROCID``, ``SLURM_NTASKS``, ``SLURM_STEP_NODELIST``, the port from
+    ``CLUSTERLAB_PORT`` or the job id); with none of them the process runs alone.
+
+    Args:
+        coordinator_address: ``host:port`` of process 0.
+        num_processes: processes in the job.
+        process_id: this process's index.
+        devices_per_process: simulated CPU devices per process (``None``: JAX's default).
+        environ: the environment to read (default ``os.environ``).
+
+    Returns:
+        A :class:`ClusterEnv`.
+
+    Raises:
+        ValueError: when the settings are incomplete or inconsistent; the message names them.
+    """
+    env = os.environ if environ is None else environ
+    explicit = (coordinator_address, num_processes, process_id)
+    if any(v is not None for v in explicit):
+        if any(v is None for v in explicit):
+            raise ValueError("Explicit settings need all three of coordinator_address, "
+                             "num_processes and process_id; got "
+                             f"{coordinator_address!r}, {num_processes!r}, {process_id!r}.")
+        source = "explicit"
+    elif ENV_COORDINATOR in env:
+        coordinator_address = env[ENV_COORDINATOR]
+        num_processes = _int_env(env, ENV_NUM_PROCESSES)
+        process_id = _int_env(env, ENV_PROCESS_ID)
+        source = "clusterlab.launch"
+    elif "SLURM_PROCID" in env and "SLURM_NTASKS" in env:
+        nodelist = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST", "")
+        port = _int_env(env, ENV_PORT) if ENV_PORT in env else slurm_port(env.get("SLURM_JOB_ID",
+                                                                                    "0"))
+        coordinator_address = f"{first_slurm_host(nodelist)}:{port}"
+        num_processes = _int_env(env, "SLURM_NTASKS")
+        process_id = _int_env(env, "SLURM_PROCID")
+        source = "slurm"
+    else:
+        coordinator_address, num_processes, process_id, source = None, 1, 0, "single"
+    if devices_per_process is None and ENV_DEVICES_PER_PROCESS in env:
+        devices_per_process = _int_env(env, ENV_DEVICES_PER_PROCESS)
+    num_processes = _checks.count("num_processes", num_processes)
+    process_id = _checks.count("process_id", process_id, minimum=0)
+    if process_id >= num_processes:
+        raise ValueError(f"process_id must be below num_processes: got process {process_id} of "
+                         f"{num_processes}. Number processes 0, 1, ..., {num_processes - 1}.")
+    if devices_per_process is not None:
+        devices_per_process = _checks.count("devices_per_process", devices_per_process)
+    if coordinator_address is not None and not re.fullmatch(r"[^:\s]+:\d+",
+                                                            coordinator_address):
+        raise ValueError(f"The coordinator address must be host:port, got "
+                         f"{coordinator_address!r}.")
+    return ClusterEnv(coordinator_address, num_processes, process_id, devices_per_process, source)
+
+
+# --------------------------------------------------------------------------------------------
+# Inside a process.
+
+_STATE: dict[str, Any] = {}
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now (the kernel picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((LOOPBACK, 0))
+        return int(sock.getsockname()[1])
+
+
+def check_port_free(port: int) -> None:
+    """Raise :class:`PortInUseError` unless ``port`` on 127.0.0.1 can be bound now."""
+    port = _checks.count("port", port)
+    if port > 65535:
+        raise ValueError(f"A TCP port is at most 65535, got {port}.")
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind((LOOPBACK, port))
+        except OSError as error:
+            raise PortInUseError(
+                f"Port {port} on {LOOPBACK} is already in use ({error.strerror}), so the "
+                "coordinator cannot listen there. Another job (or a process left from an "
+                "earlier run) holds it: pass port=None to let clusterlab pick a free one."
+            ) from None
+
+
+def _use_loopback_gloo() -> None:
+    # gloo's TCP transport otherwise binds to the address the host name resolves to; on this
+    # machine all processes are local, so keep every socket on the loopback interface. JAX has
+    # no public switch for this: re-register the CPU backend with gloo told the host name.
+    from jax._src import distributed as jax_distributed, xla_bridge
+    from jax._src.lib import _jax
+
+    def make_client():
+        collectives = _jax.make_gloo_tcp_collectives(
+            distributed_client=jax_distributed.global_state.client, hostname=LOOPBACK)
+        return xla_bridge.make_cpu_client(collectives=collectives)
+
+    xla_bridge.register_backend_factory("cpu", make_client, priority=0, fail_quietly=False)
+
+
+def _fail_fast_excepthook(kind, value, tb) -> None:
+    # Print the error and end now: a normal exit would wait in JAX's shutdown barrier for the
+    # other processes, which may themselves wait for this one inside a collective.
+    traceback.print_exception(kind, value, tb)
+    rank = _STATE.get("env").process_id if _STATE.get("env") else "?"
+    print(f"clusterlab.distributed: process {rank} failed; ending it now so that the others "
+          "stop too.", file=sys.stderr, flush=True)
+    sys.stdout.flush()
+    os._exit(1)
+
+
+def init(*, coordinator_address: str | None = None, num_processes: int | None = None,
+         process_id: int | None = None, devices_per_process: int | None = None,
+         heartbeat_timeout_s: int | None = None, init_timeout_s: int | None = None,
+         shutdown_timeout_s: int = 10, fail_fast: bool = True,
+         environ: Mapping[str, str] | None = None) -> ClusterEnv:
+    """Join the other processes of this job: call it first, before any JAX operation.
+
+    Reads the settings with :func:`detect_environment`, sets the number of simulated CPU devices
+    and gloo for CPU collectives, and calls :func:`jax.distributed.initialize` (not at all for a
+    single process). Calling it again returns the same settings.
+
+    Args:
+        coordinator_address, num_processes, process_id, devices_per_process: explicit settings;
+            see :func:`detect_environment`.
+        heartbeat_timeout_s: a process that sends no heartbeat for this long is declared dead and
+            every other process stops (JAX's default is 100 s; the launcher passes 10 s).
+        init_timeout_s: how long to wait for all processes to join (default 30 s with the
+            launcher, 300 s on a cluster). A process that gives up prints which settings to check
+            and exits with code :data:`EXIT_INIT_TIMEOUT`.
+        shutdown_timeout_s: how long a finishing process waits for the others at the end.
+        fail_fast: make an uncaught exception end this process at once, so its peers' next
+            collective fails instead of waiting for it.
+        environ: the environment to read (default ``os.environ``).
+
+    Returns:
+        The :class:`ClusterEnv` this process joined with.
+
+    Raises:
+        DistributedError: when JAX already ran an operation in this process.
+        PortInUseError: when process 0 cannot listen on the coordinator's loopback port.
+        DeviceCountMismatchError: when the processes do not all have the same device count.
+    """
+    if "env" in _STATE:
+        return _STATE["env"]
+    env_map = os.environ if environ is None else environ
+    cluster = detect_environment(coordinator_address=coordinator_address,
+                                 num_processes=num_processes, process_id=process_id,
+                                 devices_per_process=devices_per_process, environ=env_map)
+    import jax
+    from jax._src import xla_bridge
+
+    if xla_bridge.backends_are_initialized():
+        raise DistributedError(
+            "clusterlab.distributed.init() must run before any JAX operation in the process: "
+            "JAX has already created its devices. Call it at the top of the script.")
+    if heartbeat_timeout_s is None:
+        heartbeat_timeout_s = (_int_env(env_map, ENV_HEARTBEAT_TIMEOUT_S)
+                               if ENV_HEARTBEAT_TIMEOUT_S in env_map else 100)
+    if init_timeout_s is None:
+        init_timeout_s = (_int_env(env_map, ENV_INIT_TIMEOUT_S) if ENV_INIT_TIMEOUT_S in env_map
+                          else (30 if cluster.is_loopback else 300))
+    heartbeat_timeout_s = _checks.count("heartbeat_timeout_s", heartbeat_timeout_s)
+    init_timeout_s = _checks.count("init_timeout_s", init_timeout_s)
+    if cluster.devices_per_process is not None:
+        jax.config.update("jax_num_cpu_devices", cluster.devices_per_process)
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    if cluster.num_processes > 1:
+        _join(cluster, heartbeat_timeout_s, init_timeout_s, shutdown_timeout_s)
+        if fail_fast:
+            sys.excepthook = _fail_fast_excepthook
+        _check_device_counts()
+    _STATE["env"] = cluster
+    return cluster
+
+
+def _join(cluster: ClusterEnv, heartbeat_timeout_s: int, init_timeout_s: int,
+          shutdown_timeout_s: int) -> None:
+    import jax
+
+    bind_address = None
+    if cluster.is_loopback:
+        port = int(cluster.coordinator_address.rsplit(":", 1)[1])
+        if cluster.process_id == 0:
+            check_port_free(port)
+        bind_address = cluster.coordinator_address  # listen on 127.0.0.1 only
+        _use_loopback_gloo()
+
+    def give_up():
+        # JAX would abort with a C++ stack trace; say what to check instead, and exit.
+        print(f"clusterlab.distributed: process {cluster.process_id} of "
+              f"{cluster.num_processes} waited {init_timeout_s} s for all processes to join the "
+              f"coordinator at {cluster.coordinator_address} ({cluster.source}), and some never "
+              "came. Check that all of them were started with the same coordinator address and "
+              "process count, and that none failed at start-up.", file=sys.stderr, flush=True)
+        os._exit(EXIT_INIT_TIMEOUT)
+
+    watchdog = threading.Timer(init_timeout_s, give_up)
+    watchdog.daemon = True
+    watchdog.start()
+    try:
+        jax.distributed.initialize(
+            coordinator_address=cluster.coordinator_address,
+            num_processes=cluster.num_processes, process_id=cluster.process_id,
+            coordinator_bind_address=bind_address,
+            initialization_timeout=init_timeout_s + 5,  # the watchdog speaks first
+            heartbeat_timeout_seconds=heartbeat_timeout_s,
+            shutdown_timeout_seconds=shutdown_timeout_s)
+        jax.devices()  # the global topology exchange also waits for every process
+    finally:
+        watchdog.cancel()
+
+
+def devices_by_process() -> dict[int, list]:
+    """All devices of the job, grouped by the process that owns them, each group sorted by id."""
+    import jax
+
+    groups: dict[int, list] = {}
+    for device in sorted(jax.devices(), key=lambda d: (d.process_index, d.id)):
+        groups.setdefault(device.process_index, []).append(device)
+    return groups
+
+
+def _check_device_counts() -> None:
+    counts = {p: len(ds) for p, ds in devices_by_process().items()}
+    if len(set(counts.values())) > 1:
+        listing = ", ".join(f"process {p}: {c}" for p, c in sorted(counts.items()))
+        raise DeviceCountMismatchError(
+            f"The processes have different numbers of devices ({listing}). A (hosts, devices) "
+            "mesh needs the same count everywhere: start every process with the same "
+            "devices_per_process (on GPUs, the same number of visible GPUs per host).")
+
+
+def host_mesh(axis_names: Sequence[str] = ("hosts", "devices")):
+    """A 2-D mesh ``(processes, devices per process)`` over every device of the job.
+
+    Row ``h`` holds the devices of process ``h``, so a collective over the second axis stays
+    inside one process (one host: NVLink on a GPU server) and one over the first axis crosses
+    processes (the network).
+
+    Args:
+        axis_names: the names of the two axes, across hosts first.
+
+    Returns:
+        A :class:`jax.sharding.Mesh` of shape ``(jax.process_count(), local devices)``.
+    """
+    from clusterlab import devices as cl_devices
+
+    if len(axis_names) != 2:
+        raise ValueError(f"host_mesh needs two axis names (across hosts, within a host), got "
+                         f"{tuple(axis_names)}.")
+    groups = devices_by_process()
+    counts = {len(ds) for ds in groups.values()}
+    if len(counts) > 1:
+        _check_device_counts()
+    ordered = [d for p in sorted(groups) for d in groups[p]]
+    return cl_devices.mesh((len(groups), counts.pop()), axis_names, ordered)
+
+
+def report(value: Any) -> None:
+    """Hand a JSON-serialisable result from this process back to :func:`launch`.
+
+    Without the launcher (a plain ``python`` or ``srun`` run) it prints the value instead.
+    """
+    directory = os.environ.get(ENV_RESULTS_DIR)
+    text = json.dumps(value)
+    if directory:
+        rank = os.environ.get(ENV_PROCESS_ID, "0")
+        Path(directory, f"{rank}.json").write_text(text)
+    else:
+        print(f"result: {text}")
+
+
+def call(target: str, kwargs: Mapping[str, Any] | None = None) -> Any:
+    """Inside a process: :func:`init`, then ``module.function(**kwargs)``, then :func:`report`.
+
+    Args:
+        target: ``"package.module:function"``, importable in every process.
+        kwargs: JSON-serialisable keyword arguments.
+
+    Returns:
+        What the function returned (also reported).
+    """
+    function = resolve(target)
+    init()
+    value = function(**dict(kwargs or {}))
+    report(value)
+    return value
+
+
+def resolve(target: str) -> Callable[..., Any]:
+    """``"package.module:function"`` -> the function; a clear error when it is not there."""
+    module_name, _, function_name = target.partition(":")
+    if not module_name or not function_name:
+        raise ValueError(f"A target is 'package.module:function', got {target!r}.")
+    function = getattr(importlib.import_module(module_name), function_name, None)
+    if not callable(function):
+        raise ValueError(f"{module_name} has no function {function_name!r}.")
+    return function
+
+
+# --------------------------------------------------------------------------------------------
+# Outside: the launcher.
+
+
+@dataclass
+class LaunchResult:
+    """What a multi-process run left behind.
+
+    Attributes:
+        returncode: 0 when every process succeeded; otherwise the first failing process's code
+            (a negative code -N means it was killed by signal N), or 124 after ``timeout_s``.
+        returncodes: each process's exit code, in process order (after any clean-up kill).
+        outputs: each process's combined stdout and stderr (gloo's connection lines left out).
+        results: what each process passed to :func:`report` (``None`` where nothing).
+        elapsed_s: wall time from the first start to the last exit.
+        failure: a one-line account of what went wrong, or ``None``.
+        stopped_after_failure_s: seconds from the first failure until every process had ended.
+        pids: the processes' ids (all ended when :func:`launch` returns).
+        command: the command each process ran.
+    """
+
+    returncode: int
+    returncodes: list[int]
+    outputs: list[str]
+    results: list[Any]
+    elapsed_s: float
+    failure: str | None = None
+    stopped_after_failure_s: float | None = None
+    pids: list[int] = field(default_factory=list)
+    command: list[str] = field(default_factory=list)
+
+
+def _describe_exit(code: int) -> str:
+    if code < 0:
+        try:
+            return f"was killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"was killed by signal {-code}"
+    if code == EXIT_INIT_TIMEOUT:
+        return f"exited with code {code} (gave up waiting for the others to join)"
+    return f"exited with code {code}"
+
+
+# What a process prints when it fails *because* a peer did (a closed socket, a missed heartbeat).
+_CONSEQUENCE = re.compile(r"Connection (closed|reset) by peer|heartbeat timeout|tasks have crashed|"
+                          r"Terminating process because the JAX distributed service")
+
+
+def _blame(exits: Sequence[tuple[float, int]], codes: Sequence[int],
+           outputs: Sequence[str], window_s: float = 1.0) -> int:
+    # Processes that fail together end within moments of each other, in an order the operating
+    # system picks. Among the failures close to the first one, blame one whose output does not
+    # say that a peer went away first.
+    failed = [(t, r) for t, r in sorted(exits) if codes[r] != 0]
+    if not failed:
+        return next(r for r, c in enumerate(codes) if c)
+    close = [r for t, r in failed if t - failed[0][0] <= window_s]
+    causes = [r for r in close if not _CONSEQUENCE.search(outputs[r])]
+    return causes[0] if causes else close[0]
+
+
+def _pump(stream, rank: int, lines: list[str], echo: TextIO | None, lock: threading.Lock):
+    for line in iter(stream.readline, ""):
+        if _NOISE.match(line):
+            continue
+        lines.append(line)
+        if echo is not None:
+            with lock:
+                echo.write(f"[{rank}] {line}" if line.endswith("\n") else f"[{rank}] {line}\n")
+                echo.flush()
+    stream.close()
+
+
+def _stop(procs: Sequence[subprocess.Popen], wait_s: float = 2.0) -> None:
+    # Each process leads its own process group: signalling the group also ends anything it
+    # started. SIGTERM first (with SIGCONT, so that a stopped process receives it), then
+    # SIGKILL for whatever is still there.
+    for signals in ((signal.SIGTERM, signal.SIGCONT), (signal.SIGKILL,)):
+        for proc in procs:
+            for sig in signals:
+                if proc.poll() is None:
+                    try:
+                        os.killpg(proc.pid, sig)
+                    except ProcessLookupError:
+                        pass
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline and any(p.poll() is None for p in procs):
+            time.sleep(0.05)
+    for proc in procs:
+        proc.wait()
+
+
+def launch(command: Sequence[str], *, processes: int, devices_per_process: int | Sequence[int] = 1,
+           port: int | None = None, timeout_s: float = 300.0, grace_s: float = 5.0,
+           heartbeat_timeout_s: int = 10, init_timeout_s: int = 30,
+           env: Mapping[str, str] | None = None, echo: bool | TextIO = True) -> LaunchResult:
+    """Start ``processes`` Python processes on this machine, joined over 127.0.0.1, and wait.
+
+    Each runs ``python COMMAND...`` (a script and its arguments, or ``-m module ...``) with the
+    variables :func:`init` reads, ``JAX_PLATFORMS=cpu`` and ``devices_per_process`` simulated
+    CPU devices. When a process fails, the others get ``grace_s`` seconds to stop on their own
+    (JAX's error is the useful one), then they are stopped; nothing is left running.
+
+    Args:
+        command: the arguments after ``python``.
+        processes: how many processes (hosts) to start.
+        devices_per_process: simulated devices in each process; a list gives each process its
+            own count (to show the mismatch error; :func:`init` rejects unequal counts).
+        port: the coordinator's port on 127.0.0.1; ``None`` picks a free one.
+        timeout_s: stop everything after this many seconds (return code 124).
+        grace_s: after the first failure, how long the others may take to stop by themselves.
+        heartbeat_timeout_s: JAX declares a silent process dead after this long.
+        init_timeout_s: how long the processes wait for each other at start-up.
+        env: extra environment variables for every process.
+        echo: print output lines as they come, prefixed ``[i]`` (True: to ``sys.stdout``; or a
+            text stream; False: quiet).
+
+    Returns:
+        A :class:`LaunchResult`.
+
+    Raises:
+        PortInUseError: when ``port`` is taken (nothing is started then).
+    """
+    processes = _checks.count("processes", processes)
+    if isinstance(devices_per_process, (list, tuple)):
+        counts = [_checks.count("devices_per_process", c) for c in devices_per_process]
+        if len(counts) != processes:
+            raise ValueError(f"devices_per_process lists {len(counts)} counts for {processes} "
+                             "processes; give one count per process, or a single number.")
+    else:
+        counts = [_checks.count("devices_per_process", devices_per_process)] * processes
+    if not command:
+        raise ValueError("launch needs a command: a script path (and its arguments) or "
+                         "['-m', 'module', ...].")
+    if port is None:
+        port = free_port()
+    else:
+        check_port_free(port)
+    echo_stream = sys.stdout if echo is True else (echo or None)
+    results_dir = tempfile.mkdtemp(prefix="clusterlab-launch-")
+    base_env = {**os.environ, **(env or {}),
+                ENV_COORDINATOR: f"{LOOPBACK}:{port}", ENV_NUM_PROCESSES: str(processes),
+                ENV_HEARTBEAT_TIMEOUT_S: str(heartbeat_timeout_s),
+                ENV_INIT_TIMEOUT_S: str(init_timeout_s), ENV_RESULTS_DIR: results_dir,
+                "JAX_PLATFORMS": "cpu", "PYTHONUNBUFFERED": "1"}
+    for name in ("SLURM_PROCID", "SLURM_NTASKS"):  # the launcher's settings, not a job's
+        base_env.pop(name, None)
+    full_command = [sys.executable, *command]
+    procs: list[subprocess.Popen] = []
+    outputs: list[list[str]] = [[] for _ in range(processes)]
+    threads: list[threading.Thread] = []
+    exits: list[tuple[float, int]] = []  # (time, rank) in the order the processes ended
+    lock = threading.Lock()
+
+    def wait_for(rank: int, proc: subprocess.Popen) -> None:
+        proc.wait()
+        with lock:
+            exits.append((time.monotonic(), rank))
+
+    start = time.monotonic()
+    failure, failed_at, returncode = None, None, 0
+    try:
+        for rank in range(processes):
+            proc_env = {**base_env, ENV_PROCESS_ID: str(rank),
+                        ENV_DEVICES_PER_PROCESS: str(counts[rank])}
+            proc = subprocess.Popen(full_command, env=proc_env, stdout=subprocess.PIPE,
+                                    stderr=subprocess.STDOUT, text=True, process_group=0)
+            procs.append(proc)
+            for target, args in ((_pump, (proc.stdout, rank, outputs[rank], echo_stream, lock)),
+                                 (wait_for, (rank, proc))):
+                thread = threading.Thread(target=target, args=args, daemon=True)
+                thread.start()
+                threads.append(thread)
+        while True:
+            with lock:
+                ended = list(exits)
+            now = time.monotonic()
+            if failure is None:
+                bad = [(t, r) for t, r in ended if procs[r].returncode != 0]
+                if bad:  # the first process to fail is the one to blame
+                    failed_at, rank = bad[0]
+                    returncode = procs[rank].returncode
+                    failure = f"process {rank} {_describe_exit(returncode)}"
+                elif now - start > timeout_s:
+                    failure = f"the run took longer than timeout_s={timeout_s:g} s"
+                    failed_at, returncode = now, 124
+                    break
+            if len(ended) == processes or (failure is not None and now - failed_at > grace_s):
+                break
+            time.sleep(0.02)
+    finally:
+        _stop(procs)
+        for thread in threads:
+            thread.join(timeout=5)
+    end = time.monotonic()
+    codes = [p.returncode for p in procs]
+    if failure is not None and returncode != 124:
+        rank = _blame(exits, codes, [("".join(lines)) for lines in outputs])
+        returncode, failure = codes[rank], f"process {rank} {_describe_exit(codes[rank])}"
+    results = []
+    for rank in range(processes):
+        path = Path(results_dir, f"{rank}.json")
+        results.append(json.loads(path.read_text()) if path.exists() else None)
+        path.unlink(missing_ok=True)
+    os.rmdir(results_dir)
+    if failure is not None and echo_stream is not None:
+        print(f"[launch] {failure}; all {processes} processes stopped "
+              f"{end - failed_at:.1f} s later.", file=echo_stream, flush=True)
+    return LaunchResult(returncode=returncode if failure else 0, returncodes=codes,
+                        outputs=["".join(lines) for lines in outputs], results=results,
+                        elapsed_s=end - start, failure=failure,
+                        stopped_after_failure_s=None if failed_at is None else end - failed_at,
+                        pids=[p.pid for p in procs], command=full_command)
+
+
+def run(target: str, *, processes: int, devices_per_process: int | Sequence[int] = 1,
+        check: bool = True, echo: bool | TextIO = False, launch_options: Mapping | None = None,
+        **kwargs: Any) -> LaunchResult:
+    """Run ``module.function(**kwargs)`` in ``processes`` joined processes and gather results.
+
+    Each process runs :func:`call`: it joins the others with :func:`init`, calls the function
+    and reports its return value, found afterwards in ``LaunchResult.results[process_id]``.
+
+    Args:
+        target: ``"package.module:function"`` (importable in a fresh interpreter).
+        processes: processes to start.
+        devices_per_process: simulated CPU devices in each.
+        check: raise :class:`DistributedError` (with the failing process's last lines) when the
+            run fails.
+        echo: print the processes' output as it comes.
+        launch_options: further keyword arguments of :func:`launch` (``timeout_s``, ``grace_s``,
+            ``port``, ...).
+        **kwargs: JSON-serialisable keyword arguments of the function.
+
+    Returns:
+        The :class:`LaunchResult`.
+    """
+    resolve(target)  # fail here, not in N processes, when the target does not exist
+    command = ["-m", "clusterlab.distributed", target, json.dumps(kwargs)]
+    result = launch(command, processes=processes, devices_per_process=devices_per_process,
+                    echo=echo, **dict(launch_options or {}))
+    if check and result.returncode:
+        tails = []
+        for rank, text in enumerate(result.outputs):
+            if result.returncodes[rank]:
+                tail = "\n".join(text.strip().splitlines()[-8:])
+                tails.append(f"--- process {rank} (last lines) ---\n{tail}")
+        raise DistributedError(f"{target} failed: {result.failure}.\n" + "\n".join(tails))
+    return result
+
+
+def _main(argv: Sequence[str]) -> int:
+    if len(argv) not in (1, 2):
+        print("usage: python -m clusterlab.distributed package.module:function [JSON kwargs]",
+              file=sys.stderr)
+        return 2
+    # Use the imported module, not this __main__ copy, so that init() state is shared with
+    # the functions that call clusterlab.distributed themselves.
+    from clusterlab import distributed
+    distributed.call(argv[0], json.loads(argv[1]) if len(argv) == 2 else {})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_main(sys.argv[1:]))

@@ -1,0 +1,239 @@
+"""What lab 09 and the tests run in every process of a multi-process job.
+
+Each function runs inside a process already joined by :func:`clusterlab.distributed.init` (the
+launcher's ``run`` calls it first) and returns JSON-serialisable results. As a script,
+``python -m clusterlab.examples.multihost`` joins the job itself and prints a collectives check:
+the same command runs under ``python -m clusterlab.launch`` on one machine and under ``srun`` on a
+cluster.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+from typing import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.experimental import multihost_utils
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from clusterlab import bench, collectives, distributed
+
+HOSTS, DEVICES = "hosts", "devices"  # the two axes of the (hosts, devices per host) mesh
+BOTH = (HOSTS, DEVICES)
+
+
+def _global(mesh, local_block: np.ndarray, spec=P(BOTH)) -> jax.Array:
+    # local_block: f32[d * e] on each process -> global f32[h * d * e] split over every device
+    return jax.make_array_from_process_local_data(NamedSharding(mesh, spec), local_block)
+
+
+def _per_device(mesh, fn):
+    return jax.jit(jax.shard_map(fn, mesh=mesh, in_specs=P(BOTH), out_specs=P(BOTH),
+                                 check_vma=False))
+
+
+def collectives_check(elements: int = 4) -> dict:
+    """All-reduce inside each process, across processes, over the whole mesh, and two-level.
+
+    Device ``(h, i)`` of the ``(hosts, devices)`` mesh holds its global rank + 1 in every one of
+    ``elements`` entries; each collective's result is compared with numpy's.
+
+    Returns:
+        ``mesh_shape``, per collective the ``(hosts, devices)`` table of first entries it gave,
+        and ``ok``: whether every collective matched numpy exactly.
+    """
+    mesh = distributed.host_mesh(BOTH)
+    h, d = mesh.devices.shape
+    rank = jax.process_index()
+    values = np.arange(1, h * d + 1, dtype=np.float32).reshape(h, d)  # values: f32[h, d]
+    local = np.repeat(values[rank], elements).astype(np.float32)  # local: f32[d * e]
+    x = _global(mesh, local)
+    runs = {
+        "within a process (devices)": lambda b: jax.lax.psum(b, DEVICES),
+        "across processes (hosts)": lambda b: jax.lax.psum(b, HOSTS),
+        "whole mesh (flat)": lambda b: jax.lax.psum(b, BOTH),
+        "whole mesh (hierarchical)": lambda b: collectives.hierarchical_all_reduce(
+            b, intra_axis=DEVICES, inter_axis=HOSTS),
+    }
+    expected = {
+        "within a process (devices)": np.repeat(values.sum(1, keepdims=True), d, 1),
+        "across processes (hosts)": np.repeat(values.sum(0, keepdims=True), h, 0),
+        "whole mesh (flat)": np.full((h, d), values.sum()),
+        "whole mesh (hierarchical)": np.full((h, d), values.sum()),
+    }
+    tables, ok = {}, True
+    for name, body in runs.items():
+        out = multihost_utils.process_allgather(_per_device(mesh, body)(x), tiled=True)
+        out = np.asarray(out).reshape(h, d, elements)  # out: f32[h, d, e]
+        ok &= bool(np.array_equal(out, np.repeat(expected[name][..., None], elements, -1)))
+        tables[name] = out[..., 0].astype(int).tolist()
+    return {"mesh_shape": [h, d], "process": rank, "tables": tables, "ok": ok}
+
+
+def measure_collectives(sizes_bytes: Sequence[int], *, repeats: int = 7) -> dict:
+    """Time four all-reduces of each per-device buffer size on the ``(hosts, devices)`` mesh.
+
+    ``intra`` runs over the devices of each process, ``inter`` over the processes (one
+    all-reduce per device index, all at once), ``flat`` over every device, ``hierarchical`` is
+    :func:`clusterlab.collectives.hierarchical_all_reduce`. The four take turns
+    (:func:`clusterlab.bench.time_interleaved`), so a change in the machine's load falls on all
+    of them alike.
+
+    Args:
+        sizes_bytes: per-device buffer sizes in bytes (float32, a multiple of 4 * devices).
+        repeats: timed rounds per size.
+
+    Returns:
+        ``sizes_bytes`` and, per collective, the median seconds of each size (this process's
+        clock), plus the interquartile spread relative to the median.
+    """
+    mesh = distributed.host_mesh(BOTH)
+    h, d = mesh.devices.shape
+    bodies = {
+        "intra": lambda b: jax.lax.psum(b, DEVICES),
+        "inter": lambda b: jax.lax.psum(b, HOSTS),
+        "flat": lambda b: jax.lax.psum(b, BOTH),
+        "hierarchical": lambda b: collectives.hierarchical_all_reduce(
+            b, intra_axis=DEVICES, inter_axis=HOSTS),
+    }
+    medians = {name: [] for name in bodies}
+    spreads = {name: [] for name in bodies}
+    for nbytes in sizes_bytes:
+        elements = int(nbytes) // 4
+        if elements % d or elements * 4 != int(nbytes):
+            raise ValueError(f"{nbytes} bytes is not a whole number of float32 elements per "
+                             f"device divisible by {d}; use multiples of {4 * d} bytes.")
+        x = _global(mesh, np.ones(d * elements, np.float32))
+        timings = bench.time_interleaved({name: _per_device(mesh, body)
+                                          for name, body in bodies.items()}, x, warmup=1,
+                                         repeats=repeats)
+        for name, timing in timings.items():
+            medians[name].append(timing.median_s)
+            spreads[name].append(timing.relative_spread)
+    return {"sizes_bytes": [int(s) for s in sizes_bytes], "mesh_shape": [h, d],
+            "median_s": medians, "relative_spread": spreads}
+
+
+def train_check(*, steps: int = 5, batch_size: int = 32, d_model: int = 16, d_hidden: int = 32,
+                n_blocks: int = 2, seed: int = 0) -> dict:
+    """Data-parallel training across every device of every process, against one device.
+
+    Each process holds its own ``1/hosts`` of every global batch (as a real data loader would),
+    each device computes gradients on its ``1/(hosts*devices)``, ``pmean`` over both mesh axes
+    averages them, and every device applies the same Adam update. Process 0 also trains the
+    same model on one of its devices with :func:`clusterlab.models.reference_train`.
+
+    Returns:
+        ``losses`` (rounded to 6 decimals), and on process 0 ``max_abs_diff``: the largest
+        parameter difference from the single-device run (``None`` on the other processes).
+    """
+    import optax
+
+    from clusterlab import models
+
+    mesh = distributed.host_mesh(BOTH)
+    h, d = mesh.devices.shape
+    if batch_size % (h * d):
+        raise ValueError(f"batch_size {batch_size} must divide by the {h * d} devices.")
+    rank = jax.process_index()
+    cpu0 = jax.local_devices()[0]
+    n_samples = batch_size * steps
+
+    @jax.jit  # one compilation for data and parameters (eager ops would compile one by one)
+    def setup(key):
+        key_data, key_init = jax.random.split(key)
+        data = models.synthetic_regression(key_data, n_samples=n_samples, d_model=d_model)
+        return data, models.init_mlp(key_init, d_model=d_model, d_hidden=d_hidden,
+                                     n_blocks=n_blocks)
+
+    with jax.default_device(cpu0):  # identical data and initial parameters in every process
+        (x, y), params0 = jax.device_get(setup(jax.random.key(seed)))
+    # batches: [(f32[B, D], f32[B, D])] * steps, consecutive rows of the data set
+    batches = [(x[i * batch_size:(i + 1) * batch_size], y[i * batch_size:(i + 1) * batch_size])
+               for i in range(steps)]
+    optimizer = models.make_optimizer()
+
+    def local_step(params, opt_state, xb, yb):
+        # xb: f32[B/(h*d), D] on each device; params and opt_state replicated
+        loss, grads = jax.value_and_grad(models.mse_loss)(params, xb, yb)
+        grads = jax.lax.pmean(grads, BOTH)
+        updates, opt_state = optimizer.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, jax.lax.pmean(loss, BOTH)
+
+    step = jax.jit(jax.shard_map(local_step, mesh=mesh,
+                                 in_specs=(P(), P(), P(BOTH), P(BOTH)),
+                                 out_specs=(P(), P(), P()), check_vma=False))
+    replicated = NamedSharding(mesh, P())
+    params = jax.device_put(params0, replicated)
+    opt_state = jax.jit(optimizer.init, out_shardings=replicated)(params)
+    per_process = batch_size // h
+    losses = []
+    for xb, yb in batches:
+        mine = slice(rank * per_process, (rank + 1) * per_process)  # this process's rows
+        xg = _global(mesh, xb[mine])  # xg: f32[B, D] global, f32[B/(h*d), D] per device
+        yg = _global(mesh, yb[mine])
+        params, opt_state, loss = step(params, opt_state, xg, yg)
+        losses.append(round(float(loss.addressable_data(0)), 6))
+    result = {"process": rank, "mesh_shape": [h, d], "losses": losses, "max_abs_diff": None}
+    local_params = jax.tree.map(lambda a: np.asarray(a.addressable_data(0)), params)
+    if rank == 0:
+        with jax.default_device(cpu0):
+            ref_params, ref_losses = models.reference_train(params0, batches,
+                                                            optimizer=optimizer)
+        result["max_abs_diff"] = models.max_abs_diff(jax.device_get(ref_params), local_params)
+        result["reference_losses"] = [round(float(v), 6) for v in ref_losses]
+    return result
+
+
+def fail(*, mode: str = "raise", process: int = 1, at_step: int = 3, steps: int = 2000,
+         step_s: float = 0.01) -> dict:
+    """All-reduce in a loop until process ``process`` fails at step ``at_step``.
+
+    Args:
+        mode: ``"raise"`` (a Python exception), ``"kill"`` (SIGKILL, as the kernel's
+            out-of-memory killer would: no clean-up at all) or ``"hang"`` (SIGSTOP: the process
+            stays, its sockets stay open, it just stops, as a hung node does; only JAX's
+            heartbeat timeout notices).
+        process: which process fails.
+        at_step: the step at which it fails.
+        steps: loop length; the others never reach it, they stop on the error.
+        step_s: pause between steps, seconds.
+    """
+    if mode not in ("raise", "kill", "hang"):
+        raise ValueError(f"mode must be 'raise', 'kill' or 'hang', got {mode!r}.")
+    mesh = distributed.host_mesh(BOTH)
+    d = mesh.devices.shape[1]
+    total = _per_device(mesh, lambda b: jax.lax.psum(b, BOTH))
+    x = _global(mesh, np.ones(d * 4, np.float32))
+    for step in range(steps):
+        if jax.process_index() == process and step == at_step:
+            print(f"process {process}: failing on purpose at step {step} ({mode})", flush=True)
+            if mode in ("kill", "hang"):
+                os.kill(os.getpid(), signal.SIGKILL if mode == "kill" else signal.SIGSTOP)
+            raise RuntimeError(f"a failure on purpose at step {step}")
+        jax.block_until_ready(total(x))
+        time.sleep(step_s)
+    return {"steps": steps}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Join the job, describe it, check the collectives, and print the result."""
+    env = distributed.init()
+    from clusterlab import devices
+
+    if env.process_id == 0:
+        devices.describe()
+    result = collectives_check()
+    print(f"process {env.process_id} of {env.num_processes} ({env.source}): mesh "
+          f"{tuple(result['mesh_shape'])} (hosts, devices), {len(jax.local_devices())} local "
+          f"device(s), collectives correct: {result['ok']}")
+    return 0 if result["ok"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
