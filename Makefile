@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 READY := $(VENV)/.installed
 
-.PHONY: book serve lab test clean
+.PHONY: book serve lab test student clean
 
 $(READY): requirements.txt pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -24,6 +24,10 @@ serve: book
 ## lab: Jupyter Lab on the labs
 lab: $(READY)
 	$(BIN)/jupyter lab labs
+
+## student: student copies of the labs (solutions removed, outputs cleared) in student/
+student: $(READY)
+	$(BIN)/python -m clusterlab.student --labs labs --out student
 
 ## test: the whole suite: library unit tests, the labs against their stored outputs, the book
 test: $(READY)

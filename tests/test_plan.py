@@ -2,7 +2,7 @@
 
 import pytest
 
-from clusterlab import costmodel, hardware, plan
+from clusterlab import costmodel, hardware, memory, plan
 
 H100 = hardware.gpu("H100")
 
@@ -51,3 +51,213 @@ def test_hierarchical_all_reduce_on_one_node_is_the_ring_inside():
 def test_hierarchical_all_reduce_rejects_zero_nodes():
     with pytest.raises(ValueError, match="positive integer"):
         costmodel.hierarchical_all_reduce_time(1e9, 8, 0, 450e9, 50e9)
+
+
+# --- The planner ------------------------------------------------------------------------------
+
+from dataclasses import FrozenInstanceError, replace  # noqa: E402
+
+from conftest import run_python  # noqa: E402
+
+W70 = plan.Workload(70e9, 4096, 1024, n_tokens=2e12, n_layers=80, d_model=8192)
+HW1024 = plan.cluster("H100", 1024, storage_read_bytes_per_s=20e9)
+NO_OVERLAP = plan.Assumptions(compute_efficiency=0.5, dp_overlap=0.0)
+
+
+def test_cluster_takes_numbers_from_the_catalog():
+    hw = plan.cluster("h100", 64, storage_read_bytes_per_s=5e9, fabric_link="Ethernet-100G",
+                      nics_per_node=4)
+    assert hw.gpu is hardware.gpu("H100")
+    assert hw.intra_node_bytes_per_s == 450e9                 # the GPU's own NVLink
+    assert hw.fabric_bytes_per_s == pytest.approx(12.5e9 * 4 / 8)   # 4 NICs shared by 8 GPUs
+    assert hw.n_nodes == 8
+
+
+def test_predict_by_hand_data_parallel_only():
+    # 16 GPUs in 2 nodes, dp = 16: the gradient all-reduce is two-level, nothing else communicates
+    w = plan.Workload(1e9, 1024, 64, n_tokens=1e9, n_layers=16, d_model=2048)
+    hw = plan.cluster("H100", 16, storage_read_bytes_per_s=1e9)
+    p = plan.predict(w, hw, plan.Layout(dp=16), NO_OVERLAP)
+    flops_per_token = 6e9 + 12 * 16 * 1024 * 2048
+    assert p.model_flops_per_step == pytest.approx(64 * 1024 * flops_per_token)
+    assert p.compute_s == pytest.approx(64 * 1024 * flops_per_token / (16 * 989e12 * 0.5))
+    grad_bytes = 2 * 1e9
+    expected_dp = costmodel.hierarchical_all_reduce_time(grad_bytes, 8, 2, 450e9, 50e9)
+    assert p.dp_comm_s == pytest.approx(expected_dp)
+    assert p.tp_comm_s == 0 and p.bubble_s == 0
+    assert p.load_s == pytest.approx(64 * 1024 * 4 / 1e9)
+    assert p.data_wait_s == 0                                  # prefetching hides the load
+    assert p.states_bytes == pytest.approx(16 * 1e9)
+    # activations: 16 layers of one sequence, attention scores recomputed: s b h 34 bytes
+    assert p.activation_bytes == pytest.approx(16 * 1024 * 2048 * 34)
+    assert p.memory_bytes == pytest.approx(p.states_bytes + p.activation_bytes)
+    assert p.step_s == pytest.approx(p.compute_s + expected_dp)
+    assert p.mfu == pytest.approx(p.model_flops_per_step / p.step_s / (16 * 989e12))
+    assert p.time_to_train_s == pytest.approx(1e9 / (64 * 1024) * p.step_s)
+
+
+def test_predict_by_hand_tensor_and_pipeline():
+    w = plan.Workload(8e9, 2048, 32, n_tokens=1e9, n_layers=32, d_model=4096, recompute=True)
+    hw = plan.cluster("A100", 64, storage_read_bytes_per_s=10e9, fabric_link="IB-HDR")
+    layout = plan.Layout(dp=2, tp=8, pp=4, zero_stage=1, micro_batch=2)
+    p = plan.predict(w, hw, layout, NO_OVERLAP)
+    m = 32 // 2 // 2                                           # 8 micro-batches per replica
+    one = costmodel.collective_time("all_reduce", 2 * 2048 * 4096 * 2, 8, 300e9)
+    assert p.tp_comm_s == pytest.approx(m * (32 / 4) * 6 * one)   # 6 with recomputation
+    assert p.compute_s == pytest.approx(p.model_flops_per_step * 4 / 3 / (64 * 312e12 * 0.5))
+    # bubble: (p-1)/(m+p-1) of the pipeline's time
+    assert p.bubble_s / (p.compute_s + p.tp_comm_s + p.bubble_s) == pytest.approx(3 / (8 + 3))
+    # dp = 2 replicas of one stage are on different nodes (tp fills a node)
+    assert p.dp_comm_s == pytest.approx(
+        costmodel.collective_time("all_reduce", 2 * 8e9 / 32, 2, 25e9))
+    assert p.states_bytes == pytest.approx(memory.training_memory_per_device(8e9 / 32, 2, 1))
+    # full recomputation keeps each layer's input, split 8 ways (sequence parallel), for the
+    # 8 layers of the first stage and the min(pp, m) = 4 micro-batches it holds at once
+    assert p.activation_bytes == pytest.approx(2 * 2048 * 2 * 4096 / 8 * 8 * 4)
+    assert p.hfu == pytest.approx(4 / 3 * p.mfu)
+    # pipeline sends: 8 micro-batches of bf16[2, 2048, 4096] / tp, there and back, over the
+    # fabric (a stage fills tp * dp = 16 GPUs, two nodes)
+    assert p.pp_comm_s == pytest.approx(2 * 8 * (2 * 2048 * 4096 * 2 / 8) / 25e9)
+    interleaved = plan.predict(w, hw, replace(layout, virtual_stages=2), NO_OVERLAP)
+    assert interleaved.bubble_s == pytest.approx(p.bubble_s / 2)
+
+
+def test_zero3_and_overlap_scale_the_data_parallel_time():
+    base = plan.predict(W70, HW1024, plan.Layout(dp=128, tp=8, zero_stage=1), NO_OVERLAP)
+    zero3 = plan.predict(W70, HW1024, plan.Layout(dp=128, tp=8, zero_stage=3), NO_OVERLAP)
+    hidden = plan.predict(W70, HW1024, plan.Layout(dp=128, tp=8, zero_stage=1),
+                          replace(NO_OVERLAP, dp_overlap=0.75))
+    assert zero3.dp_comm_s == pytest.approx(1.5 * base.dp_comm_s)
+    assert hidden.dp_comm_s == pytest.approx(0.25 * base.dp_comm_s)
+    assert zero3.states_bytes == pytest.approx(16 * 70e9 / 8 / 128)
+
+
+def test_starved_storage_is_the_bottleneck():
+    slow = replace(HW1024, storage_read_bytes_per_s=1e6)       # 1 MB/s
+    p = plan.predict(W70, slow, plan.Layout(dp=128, tp=8))
+    assert p.data_wait_s == pytest.approx(p.load_s - (p.step_s - p.data_wait_s))
+    assert p.step_s == pytest.approx(p.load_s)
+    assert p.bottleneck == "storage"
+
+
+def test_weak_fabric_is_the_bottleneck():
+    weak = plan.cluster("H100", 1024, storage_read_bytes_per_s=20e9,
+                        fabric_link="Ethernet-100G", nics_per_node=1)
+    p = plan.predict(W70, weak, plan.Layout(dp=1024, zero_stage=3))
+    assert p.bottleneck == "fabric"
+    # the same all-reduce inside one node runs on NVLink: the node interconnect, not the fabric
+    one_node = plan.cluster("H100", 8, storage_read_bytes_per_s=20e9)
+    small = plan.Workload(1e9, 1024, 64, n_tokens=1e9)
+    slow_compute = plan.Assumptions(compute_efficiency=0.001, dp_overlap=0.0)
+    assert plan.predict(small, one_node, plan.Layout(dp=8), slow_compute).bottleneck == "compute"
+    fast_compute = plan.Assumptions(compute_efficiency=1.0, dp_overlap=0.0)
+    tiny_batch = plan.Workload(1e9, 128, 8, n_tokens=1e9)
+    assert plan.predict(tiny_batch, one_node, plan.Layout(dp=8),
+                        fast_compute).bottleneck == "node interconnect"
+
+
+def test_rank_layouts_are_sorted_fit_and_cover_the_cluster():
+    plans = plan.rank_layouts(W70, HW1024)
+    assert plans == sorted(plans, key=lambda p: p.step_s)
+    assert all(p.fits and p.layout.n_gpus == 1024 for p in plans)
+    # plain data parallelism of 70B (1120 GB per GPU) never fits
+    assert not any(p.layout.tp == p.layout.pp == 1 and p.layout.zero_stage == 0 for p in plans)
+    # nor does pure ZeRO-3: 1.1 GB of states but 80 layers x s h 34 bytes = 91 GB of activations
+    assert not any(p.layout.tp == p.layout.pp == 1 for p in plans)
+    assert plan.predict(W70, HW1024, plan.Layout(dp=1024, zero_stage=3)).activation_bytes == \
+        pytest.approx(80 * 4096 * 8192 * 34)
+    assert len(plan.rank_layouts(W70, HW1024, limit=3)) == 3
+    assert plan.best_plan(W70, HW1024) == plans[0]
+
+
+def test_gpus_needed_meets_the_budget_with_the_smallest_power_of_two():
+    w = replace(W70, time_budget_s=30 * 86400)
+    sized = plan.gpus_needed(w, HW1024)
+    assert sized.meets_budget
+    half = replace(HW1024, n_gpus=sized.hardware.n_gpus // 2)
+    assert not plan.best_plan(w, half).meets_budget
+    with pytest.raises(ValueError, match="No cluster of up to 64 GPUs"):
+        plan.gpus_needed(w, HW1024, max_gpus=64)
+
+
+def test_time_budget_gives_tokens():
+    w = plan.Workload(7e9, 4096, 512, time_budget_s=86400)
+    p = plan.best_plan(w, plan.cluster("H100", 64, storage_read_bytes_per_s=10e9))
+    assert p.time_to_train_s is None and p.meets_budget is None
+    assert p.tokens_in_budget == pytest.approx(86400 / p.step_s * 512 * 4096)
+
+
+def test_default_shape_is_close_to_known_models():
+    assert plan.default_shape(70e9) == (71, 9088)
+    layers, width = plan.default_shape(175e9)                 # GPT-3: 96 x 12288
+    assert abs(layers - 96) <= 2 and abs(width - 12288) <= 512
+
+
+def test_dataclasses_are_frozen():
+    with pytest.raises(FrozenInstanceError):
+        W70.n_params = 1.0
+
+
+@pytest.mark.parametrize("make, match", [
+    (lambda: plan.Workload(0, 4096, 8, n_tokens=1e9), "n_params must be a positive"),
+    (lambda: plan.Workload(1e9, 0, 8, n_tokens=1e9), "seq_len must be a positive integer"),
+    (lambda: plan.Workload(1e9, 4096, 8), "needs n_tokens .* or time_budget_s"),
+    (lambda: plan.Workload(1e9, 4096, 8, n_tokens=1e9, n_layers=4), "both n_layers and d_model"),
+    (lambda: plan.cluster("H1000", 8, storage_read_bytes_per_s=1e9), "Unknown GPU 'H1000'"),
+    (lambda: plan.cluster("H100", 8, storage_read_bytes_per_s=1e9, fabric_link="IB-QDR"),
+     "Unknown link 'IB-QDR'. Known links: NVLink2"),
+    (lambda: plan.cluster("H100", 12, storage_read_bytes_per_s=1e9), "whole nodes .* use 16"),
+    (lambda: plan.cluster("H100", 8, storage_read_bytes_per_s=0), "storage_read_bytes_per_s"),
+    (lambda: plan.Layout(dp=0), "dp must be a positive integer"),
+    (lambda: plan.Layout(zero_stage=4), "zero_stage must be one of"),
+    (lambda: plan.Assumptions(compute_efficiency=1.2), "at most 1"),
+    (lambda: plan.predict(W70, HW1024, plan.Layout(dp=100, tp=8)), "dp\\*tp\\*pp = 800 GPUs .* "
+                                                                    "has 1024"),
+    (lambda: plan.predict(W70, HW1024, plan.Layout(dp=64, tp=16)), "tp=16 must divide the 8"),
+    (lambda: plan.predict(W70, HW1024, plan.Layout(dp=1, tp=8, pp=128)), "exceeds the 80 layers"),
+    (lambda: plan.predict(replace(W70, global_batch=1000), HW1024, plan.Layout(dp=128, tp=8)),
+     "does not divide over dp=128"),
+    (lambda: plan.rank_layouts(W70, plan.cluster("H100", 8, storage_read_bytes_per_s=1e9)),
+     "No layout fits"),
+])
+def test_impossible_plans_are_named(make, match):
+    with pytest.raises(ValueError, match=match):
+        make()
+
+
+def test_format_plans_has_one_row_per_plan():
+    plans = plan.rank_layouts(W70, HW1024, limit=4)
+    lines = plan.format_plans(plans).splitlines()
+    assert lines[0].split()[:3] == ["layout", "mem", "GB"]
+    assert len(lines) == 5
+    assert lines[1].startswith(str(plans[0].layout))
+    assert " activations) of 72.0 GB usable" in plan.describe_plan(plans[0])
+
+
+def test_cli_plan_end_to_end():
+    result = run_python("-m", "clusterlab", "plan", "--params", "70e9", "--tokens", "2e12",
+                        "--gpu", "H100", "--gpus", "1024", "--layers", "80", "--d-model", "8192",
+                        "--top", "3")
+    assert result.returncode == 0, result.stderr
+    best = plan.rank_layouts(W70, HW1024, limit=3)
+    assert plan.format_plans(best) in result.stdout
+    assert f"step: {best[0].step_s:.3f} s" in result.stdout
+
+
+def test_cli_plan_sizes_the_cluster_and_names_errors():
+    from clusterlab import __main__ as cli
+    import io
+    import contextlib
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert cli.main(["plan", "--params", "70e9", "--tokens", "2e12", "--budget-days", "30",
+                         "--layers", "80", "--d-model", "8192", "--top", "1"]) == 0
+    expected = plan.gpus_needed(replace(W70, time_budget_s=30 * 86400), HW1024)
+    assert out.getvalue().startswith(f"# {expected.hardware.n_gpus} GPUs needed")
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        assert cli.main(["plan", "--params", "70e9", "--tokens", "2e12"]) == 2
+        assert cli.main(["plan", "--params", "70e9", "--tokens", "2e12", "--gpus", "1024",
+                         "--fabric", "IB-QDR"]) == 2
+    assert "Give --gpus, or --tokens and --budget-days" in err.getvalue()
+    assert "Unknown link 'IB-QDR'" in err.getvalue()

@@ -1,7 +1,9 @@
-"""Command line: ``python -m clusterlab bench OP --devices N --min 4K --max 64M``.
+"""Command line: ``python -m clusterlab bench OP --devices N --min 4K --max 64M`` and
+``python -m clusterlab plan --params 70e9 --tokens 2e12 --gpu H100 --gpus 1024``.
 
-Prints an nccl-tests-style table for one collective on the devices JAX sees, or on simulated
-CPU devices when there are not enough.
+``bench`` prints an nccl-tests-style table for one collective on the devices JAX sees, or on
+simulated CPU devices when there are not enough. ``plan`` prints the planner's ranking of
+parallel layouts for a workload on a cluster (:mod:`clusterlab.plan`); it runs no JAX.
 """
 
 from __future__ import annotations
@@ -40,7 +42,75 @@ def _parser() -> argparse.ArgumentParser:
                        choices=collectives.IMPLEMENTATIONS)
     bench.add_argument("--warmup", type=int, default=2)
     bench.add_argument("--repeats", type=int, default=5)
+    _plan_parser(commands)
     return parser
+
+
+def _plan_parser(commands) -> None:
+    plan = commands.add_parser(
+        "plan", help="size a cluster for a training run and rank parallel layouts",
+        description="Predict memory per GPU, step time (compute, tensor-parallel and "
+                    "data-parallel all-reduce, pipeline bubble, storage), MFU and time to train "
+                    "for a dense transformer, for every layout that fits; or, with --budget-days "
+                    "and no --gpus, the smallest cluster that meets the budget. Memory "
+                    "counts model states and activations.")
+    plan.add_argument("--params", type=float, required=True, help="model parameters, e.g. 70e9")
+    plan.add_argument("--tokens", type=float, help="training tokens, e.g. 2e12")
+    plan.add_argument("--budget-days", type=float, help="wall-clock budget in days")
+    plan.add_argument("--seq-len", type=int, default=4096, help="tokens per sequence (4096)")
+    plan.add_argument("--batch", type=int, default=1024,
+                      help="global batch in sequences (1024)")
+    plan.add_argument("--layers", type=int, help="transformer layers (default: from --params)")
+    plan.add_argument("--d-model", type=int, help="model width (default: from --params)")
+    plan.add_argument("--recompute", action="store_true", help="full activation recomputation")
+    plan.add_argument("--bytes-per-token", type=float, default=4.0,
+                      help="bytes read from storage per token (4)")
+    plan.add_argument("--gpu", default="H100", help="GPU name in clusterlab.hardware (H100)")
+    plan.add_argument("--gpus", type=int, help="GPUs in the cluster")
+    plan.add_argument("--gpus-per-node", type=int, default=8)
+    plan.add_argument("--node-link", help="node interconnect in clusterlab.hardware.LINKS "
+                                          "(default: the GPU's NVLink)")
+    plan.add_argument("--fabric", default="IB-NDR", help="fabric link per NIC (IB-NDR)")
+    plan.add_argument("--nics-per-node", type=int, help="fabric NICs per node (one per GPU)")
+    plan.add_argument("--storage-gb-s", type=float, default=20.0,
+                      help="shared storage read throughput in GB/s (20)")
+    plan.add_argument("--efficiency", type=float, default=0.6,
+                      help="fraction of peak FLOP/s while computing (0.6)")
+    plan.add_argument("--overlap", type=float, default=0.5,
+                      help="hidden fraction of the data-parallel all-reduce (0.5)")
+    plan.add_argument("--reserve", type=float, default=0.1,
+                      help="fraction of GPU memory kept free for workspace (0.1)")
+    plan.add_argument("--top", type=int, default=10, help="layouts to show (10)")
+
+
+def _plan(args: argparse.Namespace) -> None:
+    from clusterlab import plan
+
+    workload = plan.Workload(
+        args.params, args.seq_len, args.batch, n_tokens=args.tokens,
+        time_budget_s=None if args.budget_days is None else args.budget_days * 86400,
+        n_layers=args.layers, d_model=args.d_model, bytes_per_token=args.bytes_per_token,
+        recompute=args.recompute)
+    assumptions = plan.Assumptions(args.efficiency, args.overlap, args.reserve)
+    if args.gpus is None:
+        if args.budget_days is None or args.tokens is None:
+            raise ValueError("Give --gpus, or --tokens and --budget-days to size the cluster.")
+        design = plan.cluster(args.gpu, args.gpus_per_node,
+                              storage_read_bytes_per_s=args.storage_gb_s * 1e9,
+                              gpus_per_node=args.gpus_per_node, node_link=args.node_link,
+                              fabric_link=args.fabric, nics_per_node=args.nics_per_node)
+        sized = plan.gpus_needed(workload, design, assumptions)
+        print(f"# {sized.hardware.n_gpus} GPUs needed (whole nodes, a power of two of them)")
+        hardware = sized.hardware
+    else:
+        hardware = plan.cluster(args.gpu, args.gpus,
+                                storage_read_bytes_per_s=args.storage_gb_s * 1e9,
+                                gpus_per_node=args.gpus_per_node, node_link=args.node_link,
+                                fabric_link=args.fabric, nics_per_node=args.nics_per_node)
+    plans = plan.rank_layouts(workload, hardware, assumptions, limit=args.top)
+    print(plan.describe_plan(plans[0]))
+    print(f"# the {len(plans)} fastest layouts that fit; seconds per step")
+    print(plan.format_plans(plans))
 
 
 def _bench(args: argparse.Namespace) -> None:
@@ -67,6 +137,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "bench":
             _bench(args)
+        elif args.command == "plan":
+            _plan(args)
     except ValueError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

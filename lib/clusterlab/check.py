@@ -2,11 +2,28 @@
 
 Each function prints one line, a tick or a hint, and returns whether the answer passed, so a
 notebook cell shows the verdict and a test can assert it.
+
+Grading: with the environment variable ``CLUSTERLAB_CHECK_STRICT=1`` a failed check also raises
+an ``AssertionError`` carrying the same line, so an instructor can run a submitted notebook with
+``CLUSTERLAB_CHECK_STRICT=1 pytest --nbval-lax submitted.ipynb`` and see every wrong or missing
+answer as a failing cell.
 """
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
+
+STRICT_ENV = "CLUSTERLAB_CHECK_STRICT"
+
+
+def _fail(line: str) -> bool:
+    """Print a failed verdict; raise it instead of returning when grading strictly."""
+    print(line)
+    if os.environ.get(STRICT_ENV, "") not in ("", "0"):
+        raise AssertionError(line)
+    return False
 
 
 def close(answer, expected, *, rtol: float = 1e-3, atol: float = 0.0, hint: str = "",
@@ -25,29 +42,24 @@ def close(answer, expected, *, rtol: float = 1e-3, atol: float = 0.0, hint: str 
         True when ``answer`` is within tolerance of ``expected``.
     """
     if answer is None or answer is Ellipsis:
-        print(f"✗ {name}: no answer yet; replace the ... with your value.")
-        return False
+        return _fail(f"✗ {name}: no answer yet; replace the ... with your value.")
     try:
         passed = bool(np.allclose(np.asarray(answer, dtype=float),
                                   np.asarray(expected, dtype=float), rtol=rtol, atol=atol))
     except (TypeError, ValueError):
-        print(f"✗ {name}: expected a number, got {answer!r}.")
-        return False
+        return _fail(f"✗ {name}: expected a number, got {answer!r}.")
     if passed:
         print(f"✓ {name} is correct.")
-    else:
-        print(f"✗ {name} is off: {np.asarray(answer)} vs the expected value (within {rtol:.0e} "
-              f"relative). {hint}".rstrip())
-    return passed
+        return True
+    return _fail(f"✗ {name} is off: {np.asarray(answer)} vs the expected value (within {rtol:.0e} "
+                 f"relative). {hint}".rstrip())
 
 
 def equal(answer, expected, *, hint: str = "", name: str = "answer") -> bool:
     """Check an exact answer: a string, an integer, a tuple of names."""
     if answer is None or answer is Ellipsis:
-        print(f"✗ {name}: no answer yet; replace the ... with your value.")
-        return False
+        return _fail(f"✗ {name}: no answer yet; replace the ... with your value.")
     if answer == expected:
         print(f"✓ {name} is correct.")
         return True
-    print(f"✗ {name} is not right. {hint}".rstrip())
-    return False
+    return _fail(f"✗ {name} is not right. {hint}".rstrip())

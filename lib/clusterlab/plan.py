@@ -1,16 +1,42 @@
-"""Putting the models together: how long one training step takes on a cluster.
+"""Putting the models together: size a cluster and predict a training step for a workload.
 
-The data-parallel step that the chapters use to compare clusters: compute from
-:mod:`clusterlab.flops`, the gradient all-reduce priced by :mod:`clusterlab.costmodel`, and the
-part of it that is not hidden behind the backward pass.
+Two levels:
+
+* :func:`data_parallel_step`: the data-parallel step that the chapters use to compare clusters:
+  compute from :mod:`clusterlab.flops`, the gradient all-reduce priced by
+  :mod:`clusterlab.costmodel`, and the part of it that is not hidden behind the backward pass.
+* The planner: a :class:`Workload` (model size, tokens or a time budget, sequence length, global
+  batch) on :class:`Hardware` (GPU, GPUs per node, node interconnect, fabric, storage) under a
+  :class:`Layout` (data, tensor and pipeline parallel degrees, ZeRO stage) gives a :class:`Plan`:
+  memory per device, a step split into compute, tensor-parallel all-reduces (inside a node),
+  the pipeline bubble, the data-parallel all-reduce (two-level, NVLink then fabric) and waiting
+  for storage; MFU, time to train and the bottleneck. :func:`predict` prices one layout,
+  :func:`rank_layouts` all layouts that fit, :func:`gpus_needed` the smallest cluster that meets
+  a deadline.
+
+Memory per GPU is the model states (:func:`clusterlab.memory.training_memory_per_device`) plus
+the activations the busiest pipeline stage keeps (:func:`clusterlab.memory.
+transformer_layer_activation_bytes`, with sequence parallelism whenever tp > 1). What the planner
+leaves out, on purpose: communication latency unless the hardware gives one, and failures (see
+:mod:`clusterlab.reliability`).
+
+Units: bytes, seconds, FLOPs, bytes/s per direction (1 GB = 1e9 bytes).
+
+References:
+    Narayanan et al., "Efficient Large-Scale Language Model Training on GPU Clusters Using
+    Megatron-LM", SC 2021, sections 2-3 (the three-dimensional layout, the bubble
+    ``(p-1)/(m+p-1)``, the tensor-parallel all-reduces). https://arxiv.org/abs/2104.04473
+    Rajbhandari et al., "ZeRO", SC 2020 (memory and communication of the stages).
+    https://arxiv.org/abs/1910.02054
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, replace
 
-from clusterlab import flops
-from clusterlab._checks import count, positive
+from clusterlab import costmodel, flops, hardware, memory, storage
+from clusterlab._checks import count, number, positive
 from clusterlab.hardware import GPU
 
 
@@ -73,3 +99,589 @@ def data_parallel_step(n_params: float, tokens_per_step: float, n_devices: int, 
     compute_s = model_flops / (n_devices * gpu.bf16_flops * efficiency)
     exposed_s = (1 - overlap) * positive("all_reduce_s", all_reduce_s, allow_zero=True)
     return StepTime(compute_s, exposed_s, model_flops, n_devices, gpu.bf16_flops)
+
+
+# ---------------------------------------------------------------------------------------------
+# The planner
+# ---------------------------------------------------------------------------------------------
+
+BYTES_PER_VALUE = 2  # BF16: parameters, gradients and activations as they travel (2 bytes)
+
+# Tensor-parallel all-reduces per transformer layer and micro-batch (Megatron-LM): two in the
+# forward pass (after attention, after the MLP) and two in the backward pass; a full
+# recomputation of the forward pass adds its two again (Narayanan et al. 2021, section 3.2).
+TP_ALL_REDUCES_PER_LAYER = 4
+TP_ALL_REDUCES_PER_LAYER_RECOMPUTE = 6
+
+
+def default_shape(n_params: float) -> tuple[int, int]:
+    """A plausible ``(n_layers, d_model)`` for a dense transformer of ``n_params`` parameters.
+
+    A transformer layer holds about ``12 d^2`` parameters (4 d^2 in attention, 8 d^2 in an MLP
+    of width 4d), so ``N = 12 L d^2``; with GPT-3's aspect ratio ``d = 128 L`` (96 layers of
+    width 12288) that gives ``L = (N / (12 * 128^2))^(1/3)``. Used only when a workload gives no
+    shape; Llama 2 70B (80 x 8192) comes out as 71 x 9088.
+
+    Args:
+        n_params: parameters N (> 0).
+
+    Returns:
+        ``(n_layers, d_model)``, ``d_model`` a multiple of 128.
+
+    References:
+        Kaplan et al. 2020, section 2.1 (``N = 12 L d^2``), https://arxiv.org/abs/2001.08361;
+        Brown et al. 2020, Table 2.1 (GPT-3's shapes), https://arxiv.org/abs/2005.14165.
+    """
+    n = positive("n_params", n_params)
+    n_layers = max(1, round((n / (12 * 128**2)) ** (1 / 3)))
+    d_model = max(128, 128 * round(math.sqrt(n / (12 * n_layers)) / 128))
+    return n_layers, d_model
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What to train: a dense decoder-only transformer and its data.
+
+    Give ``n_tokens`` (time to train is predicted), ``time_budget_s`` (tokens trainable in the
+    budget are predicted), or both (:func:`gpus_needed` sizes the cluster to the budget).
+    """
+
+    n_params: float                      # N, model parameters
+    seq_len: int                         # tokens per training sequence
+    global_batch: int                    # sequences per optimizer step, all replicas together
+    n_tokens: float | None = None        # D, training tokens
+    time_budget_s: float | None = None   # wall-clock budget for the run, seconds
+    n_layers: int | None = None          # transformer layers; None: default_shape(n_params)
+    d_model: int | None = None           # model (and attention) width; None: default_shape
+    n_heads: int | None = None           # attention heads; None: d_model / 128
+    bytes_per_token: float = 4.0         # bytes storage delivers per token (4: uint32 ids)
+    recompute: bool = False              # full activation recomputation (one more forward)
+
+    def __post_init__(self) -> None:
+        positive("n_params", self.n_params)
+        count("seq_len", self.seq_len)
+        count("global_batch", self.global_batch)
+        if self.n_tokens is None and self.time_budget_s is None:
+            raise ValueError("A workload needs n_tokens (tokens to train on) or time_budget_s "
+                             "(a wall-clock budget), or both.")
+        if self.n_tokens is not None:
+            positive("n_tokens", self.n_tokens)
+        if self.time_budget_s is not None:
+            positive("time_budget_s", self.time_budget_s)
+        if (self.n_layers is None) != (self.d_model is None):
+            raise ValueError("Give both n_layers and d_model, or neither (then default_shape "
+                             "estimates them from n_params).")
+        if self.n_layers is not None:
+            count("n_layers", self.n_layers)
+            count("d_model", self.d_model)
+        if self.n_heads is not None:
+            count("n_heads", self.n_heads)
+        positive("bytes_per_token", self.bytes_per_token)
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        """``(n_layers, d_model)``, given or estimated by :func:`default_shape`."""
+        if self.n_layers is None:
+            return default_shape(self.n_params)
+        return self.n_layers, self.d_model
+
+    @property
+    def heads(self) -> int:
+        """Attention heads, given or ``max(1, d_model // 128)`` (heads of 128)."""
+        return self.n_heads if self.n_heads is not None else max(1, self.shape[1] // 128)
+
+    @property
+    def tokens_per_step(self) -> int:
+        """Tokens in one global batch: ``global_batch * seq_len``."""
+        return self.global_batch * self.seq_len
+
+    @property
+    def flops_per_token(self) -> float:
+        """Model FLOPs per trained token, attention included (PaLM's accounting)."""
+        n_layers, d_model = self.shape
+        return flops.transformer_flops_per_token(self.n_params, n_layers, self.seq_len, d_model)
+
+
+@dataclass(frozen=True)
+class Hardware:
+    """A cluster: its GPUs, how they are connected, and its storage.
+
+    Build one from catalog names with :func:`cluster`. Bandwidths are per GPU, per direction.
+    """
+
+    gpu: GPU                              # the accelerator (clusterlab.hardware.GPUS)
+    n_gpus: int                           # GPUs in the cluster, whole nodes
+    gpus_per_node: int                    # GPUs sharing the node interconnect
+    intra_node_bytes_per_s: float         # node interconnect (NVLink) per GPU
+    fabric_bytes_per_s: float             # network between nodes: the NICs' share per GPU
+    storage_read_bytes_per_s: float       # shared storage, sustained read for the whole cluster
+    intra_node_latency_s: float = 0.0     # alpha of one step inside a node (0: neglected)
+    fabric_latency_s: float = 0.0         # alpha of one step between nodes (0: neglected)
+    name: str = ""                        # a label for tables
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.gpu, GPU):
+            raise ValueError(f"gpu must be a clusterlab.hardware.GPU (e.g. hardware.gpu('H100')), "
+                             f"got {self.gpu!r}.")
+        count("n_gpus", self.n_gpus)
+        count("gpus_per_node", self.gpus_per_node)
+        if self.n_gpus % self.gpus_per_node:
+            raise ValueError(f"n_gpus ({self.n_gpus}) must be whole nodes of {self.gpus_per_node} "
+                             f"GPUs; use {self.gpus_per_node * math.ceil(self.n_gpus / self.gpus_per_node)}.")
+        positive("intra_node_bytes_per_s", self.intra_node_bytes_per_s)
+        positive("fabric_bytes_per_s", self.fabric_bytes_per_s)
+        positive("storage_read_bytes_per_s", self.storage_read_bytes_per_s)
+        positive("intra_node_latency_s", self.intra_node_latency_s, allow_zero=True)
+        positive("fabric_latency_s", self.fabric_latency_s, allow_zero=True)
+
+    @property
+    def n_nodes(self) -> int:
+        return self.n_gpus // self.gpus_per_node
+
+
+def cluster(gpu: str, n_gpus: int, *, storage_read_bytes_per_s: float, gpus_per_node: int = 8,
+            node_link: str | None = None, fabric_link: str = "IB-NDR",
+            nics_per_node: int | None = None, name: str = "") -> Hardware:
+    """A :class:`Hardware` from names in :mod:`clusterlab.hardware`.
+
+    Args:
+        gpu: a key of ``hardware.GPUS`` (case-insensitive), e.g. ``"H100"``.
+        n_gpus: GPUs in the cluster, a multiple of ``gpus_per_node``.
+        storage_read_bytes_per_s: sustained read throughput of the shared storage.
+        gpus_per_node: GPUs in one node.
+        node_link: a key of ``hardware.LINKS`` for the node interconnect; None: the GPU's own
+            NVLink (``gpu.nvlink_bytes_per_s``).
+        fabric_link: a key of ``hardware.LINKS``: one NIC port between nodes.
+        nics_per_node: fabric NICs per node; None: one per GPU (rail-optimized, as in DGX).
+        name: a label.
+
+    Returns:
+        The hardware; unknown names raise a ValueError that lists the known ones.
+    """
+    spec = hardware.gpu(gpu)
+    per_node = count("gpus_per_node", gpus_per_node)
+    intra = (spec.nvlink_bytes_per_s if node_link is None
+             else hardware.link(node_link).bytes_per_s)
+    nics = per_node if nics_per_node is None else count("nics_per_node", nics_per_node)
+    fabric = hardware.link(fabric_link).bytes_per_s * nics / per_node
+    return Hardware(spec, n_gpus, per_node, intra, fabric, storage_read_bytes_per_s,
+                    name=name or f"{n_gpus} x {spec.name}, {fabric_link}")
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How the GPUs split the work: ``dp * tp * pp`` GPUs.
+
+    Tensor parallelism is innermost (its GPUs share a node), then data, then pipeline, as in
+    Megatron-LM.
+    """
+
+    dp: int = 1                  # data-parallel replicas
+    tp: int = 1                  # tensor-parallel GPUs, inside one node
+    pp: int = 1                  # pipeline stages
+    zero_stage: int = 0          # 0 (plain data parallel) to 3 (parameters sharded too)
+    micro_batch: int = 1         # sequences per micro-batch in each replica
+    virtual_stages: int = 1      # interleaved schedule: model chunks per GPU (bubble / v)
+
+    def __post_init__(self) -> None:
+        for name in ("dp", "tp", "pp", "micro_batch", "virtual_stages"):
+            count(name, getattr(self, name))
+        if self.zero_stage not in memory.ZERO_STAGES:
+            raise ValueError(f"zero_stage must be one of {memory.ZERO_STAGES}, got "
+                             f"{self.zero_stage!r}.")
+
+    @property
+    def n_gpus(self) -> int:
+        return self.dp * self.tp * self.pp
+
+    def __str__(self) -> str:
+        chunks = f" v{self.virtual_stages}" if self.virtual_stages > 1 else ""
+        return f"dp{self.dp} tp{self.tp} pp{self.pp}{chunks} ZeRO-{self.zero_stage}"
+
+
+@dataclass(frozen=True)
+class Assumptions:
+    """What the planner cannot know from datasheets: the software's efficiency.
+
+    The defaults are round assumptions, not fits to the published runs that
+    ``tests/test_planner_validation.py`` compares with; calibrate them with measurements (the
+    lab on utilization measures the first).
+    """
+
+    compute_efficiency: float = 0.6   # fraction of peak FLOP/s the kernels reach while computing
+    dp_overlap: float = 0.5           # fraction of the data-parallel all-reduce hidden (backward)
+    activation_reserve: float = 0.1   # fraction of GPU memory kept free (workspace, fragments)
+
+    def __post_init__(self) -> None:
+        efficiency = positive("compute_efficiency", self.compute_efficiency)
+        if efficiency > 1:
+            raise ValueError(f"compute_efficiency is a fraction of peak, at most 1; got "
+                             f"{efficiency}.")
+        for name in ("dp_overlap", "activation_reserve"):
+            value = number(name, getattr(self, name))
+            if not 0 <= value < 1 or (name == "dp_overlap" and value > 1):
+                raise ValueError(f"{name} is a fraction in [0, 1); got {value}.")
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A layout's prediction: memory, the step and its parts, MFU, time to train.
+
+    The step is ``compute + tensor-parallel all-reduce + pipeline sends + pipeline bubble + exposed
+    data-parallel all-reduce + data wait``; storage prefetches, so it only adds the part of its
+    load time that exceeds the rest of the step.
+    """
+
+    workload: Workload
+    hardware: Hardware
+    layout: Layout
+    assumptions: Assumptions
+    memory_bytes: float          # model states + activations per GPU
+    memory_limit_bytes: float    # GPU memory less the reserve
+    states_bytes: float          # parameters, gradients, optimizer state (ZeRO-sharded)
+    activation_bytes: float      # activations kept for the backward pass, busiest stage
+    compute_s: float             # forward + backward (+ recomputation) at compute_efficiency
+    tp_comm_s: float             # tensor-parallel all-reduces, node interconnect, not hidden
+    pp_comm_s: float             # pipeline sends of activations and their gradients, not hidden
+    bubble_s: float              # pipeline bubble: (p-1)/(v m) of compute + tp
+    dp_comm_s: float             # data-parallel all-reduce (or ZeRO's collectives), exposed
+    data_wait_s: float           # waiting for storage beyond the rest of the step
+    load_s: float                # storage time for one step's tokens (prefetched)
+    model_flops_per_step: float  # tokens_per_step * flops_per_token (no recomputation)
+
+    @property
+    def step_s(self) -> float:
+        return (self.compute_s + self.tp_comm_s + self.pp_comm_s + self.bubble_s
+                + self.dp_comm_s + self.data_wait_s)
+
+    @property
+    def fits(self) -> bool:
+        return self.memory_bytes <= self.memory_limit_bytes
+
+    @property
+    def mfu(self) -> float:
+        """Model FLOPs utilization of the whole step (recomputation not counted)."""
+        return flops.mfu(self.model_flops_per_step / self.step_s, self.hardware.n_gpus,
+                         self.hardware.gpu.bf16_flops)
+
+    @property
+    def hfu(self) -> float:
+        """Hardware FLOPs utilization: recomputed FLOPs counted too."""
+        return self.mfu * (4 / 3 if self.workload.recompute else 1.0)
+
+    @property
+    def time_to_train_s(self) -> float | None:
+        """Seconds to train on ``workload.n_tokens`` (None without a token count)."""
+        if self.workload.n_tokens is None:
+            return None
+        return self.workload.n_tokens / self.workload.tokens_per_step * self.step_s
+
+    @property
+    def tokens_in_budget(self) -> float | None:
+        """Tokens trained within ``workload.time_budget_s`` (None without a budget)."""
+        if self.workload.time_budget_s is None:
+            return None
+        return self.workload.time_budget_s / self.step_s * self.workload.tokens_per_step
+
+    @property
+    def meets_budget(self) -> bool | None:
+        """Whether the tokens fit the budget (None unless both are given)."""
+        if self.workload.n_tokens is None or self.workload.time_budget_s is None:
+            return None
+        return self.time_to_train_s <= self.workload.time_budget_s
+
+    def breakdown(self) -> dict[str, float]:
+        """Seconds per step by what the GPUs are doing or waiting for."""
+        return {"compute": self.compute_s, "tensor-parallel all-reduce": self.tp_comm_s,
+                "pipeline send/receive": self.pp_comm_s, "pipeline bubble": self.bubble_s, "data-parallel all-reduce": self.dp_comm_s,
+                "storage": self.data_wait_s}
+
+    @property
+    def bottleneck(self) -> str:
+        """The resource the step spends most time on: compute, node interconnect, pipeline
+        bubble, fabric or storage (the data-parallel all-reduce inside one node counts as the
+        node interconnect)."""
+        if self.data_wait_s > 0:
+            return "storage"
+        parts = self.breakdown()
+        largest = max(parts, key=parts.get)
+        dp_nodes = _dp_placement(self.layout, self.hardware)[1]
+        stages_apart = _stages_cross_nodes(self.layout, self.hardware)
+        return {"compute": "compute", "tensor-parallel all-reduce": "node interconnect",
+                "pipeline send/receive": "fabric" if stages_apart else "node interconnect",
+                "pipeline bubble": "pipeline bubble",
+                "data-parallel all-reduce": "fabric" if dp_nodes > 1 else "node interconnect",
+                "storage": "storage"}[largest]
+
+
+def _dp_placement(layout: Layout, hw: Hardware) -> tuple[int, int]:
+    """(replicas of one data-parallel group inside a node, nodes the group spans)."""
+    local = math.gcd(layout.dp, max(1, hw.gpus_per_node // layout.tp))
+    return local, layout.dp // local
+
+
+def _stages_cross_nodes(layout: Layout, hw: Hardware) -> bool:
+    """Whether neighbouring pipeline stages sit on different nodes (stages are outermost)."""
+    return layout.pp > 1 and layout.tp * layout.dp >= hw.gpus_per_node
+
+
+def _check_layout(workload: Workload, hw: Hardware, layout: Layout) -> int:
+    """Validate a layout for a workload on hardware; return micro-batches per replica."""
+    if layout.n_gpus != hw.n_gpus:
+        raise ValueError(
+            f"Layout {layout} uses dp*tp*pp = {layout.n_gpus} GPUs but the cluster has "
+            f"{hw.n_gpus}; the product must equal the GPU count (e.g. dp = "
+            f"{hw.n_gpus / (layout.tp * layout.pp):g} for tp={layout.tp}, pp={layout.pp}).")
+    if layout.tp > hw.gpus_per_node or hw.gpus_per_node % layout.tp:
+        raise ValueError(f"tp={layout.tp} must divide the {hw.gpus_per_node} GPUs of a node: "
+                         f"tensor parallelism stays on the node interconnect.")
+    n_layers, _ = workload.shape
+    if layout.pp * layout.virtual_stages > n_layers:
+        raise ValueError(f"pp * virtual_stages = {layout.pp * layout.virtual_stages} exceeds the "
+                         f"{n_layers} layers; each stage needs at least one layer.")
+    if workload.global_batch % layout.dp:
+        raise ValueError(f"The global batch of {workload.global_batch} sequences does not divide "
+                         f"over dp={layout.dp} replicas; choose dp dividing it.")
+    per_replica = workload.global_batch // layout.dp
+    if per_replica % layout.micro_batch:
+        raise ValueError(f"Each replica's {per_replica} sequences do not divide into "
+                         f"micro-batches of {layout.micro_batch}.")
+    return per_replica // layout.micro_batch
+
+
+def predict(workload: Workload, hw: Hardware, layout: Layout,
+            assumptions: Assumptions = Assumptions()) -> Plan:
+    """Predict memory and step time of one layout.
+
+    * memory: :func:`clusterlab.memory.training_memory_per_device` of the ``N/(tp pp)``
+      parameters each GPU holds, ZeRO-sharded over ``dp``;
+    * compute: ``F (4/3 with recomputation) / (n peak e)`` for the step's model FLOPs ``F``;
+    * tensor parallel: ``m (L/pp) k`` ring all-reduces of ``b s d`` BF16 values over ``tp``
+      GPUs on the node interconnect (``k`` = 4, or 6 with recomputation);
+    * pipeline sends: each of the ``v m`` micro-batches' activations ``b s d`` (1/tp of them
+      per GPU) forward and their gradients back, over the fabric when neighbouring stages are
+      on different nodes, not hidden;
+    * pipeline bubble: ``(p-1)/(v m)`` of compute and tensor-parallel time, i.e. the fraction
+      ``(p-1)/(v m + p - 1)`` of the pipeline's time;
+    * data parallel: :func:`clusterlab.costmodel.hierarchical_all_reduce_time` of the GPU's
+      BF16 gradients (inside a node, then across nodes), x 1.5 for ZeRO-3 (its extra parameter
+      all-gather), of which ``1 - dp_overlap`` is exposed;
+    * storage: the step's ``tokens * bytes_per_token`` at the storage's read throughput,
+      prefetched: only the excess over the rest of the step is waited for.
+
+    Args:
+        workload: what to train.
+        hw: the cluster.
+        layout: the split; ``dp * tp * pp`` must equal ``hw.n_gpus``.
+        assumptions: software efficiencies.
+
+    Returns:
+        The :class:`Plan`.
+
+    References:
+        Narayanan et al. 2021, sections 2.2-3.2 (bubble, tensor-parallel communication);
+        Rajbhandari et al. 2020, section 7 (ZeRO-3 moves 1.5x the data of an all-reduce).
+    """
+    m = _check_layout(workload, hw, layout)
+    n_layers, d_model = workload.shape
+    gpu = hw.gpu
+    params_per_gpu = workload.n_params / (layout.tp * layout.pp)
+    states_bytes = memory.training_memory_per_device(params_per_gpu, layout.dp,
+                                                     layout.zero_stage)
+    limit_bytes = gpu.memory_bytes * (1 - assumptions.activation_reserve)
+    # 1F1B: the first stage holds min(pp, m) micro-batches of its L/pp layers at once.
+    # Without full recomputation, attention scores are recomputed (FlashAttention-style,
+    # "selective" in Korthikanti et al.).
+    layer_activation_bytes = memory.transformer_layer_activation_bytes(
+        workload.seq_len, layout.micro_batch, d_model, workload.heads,
+        tensor_parallel=layout.tp, sequence_parallel=layout.tp > 1,
+        recompute="full" if workload.recompute else "selective")
+    activation_bytes = (layer_activation_bytes * math.ceil(n_layers / layout.pp)
+                        * min(layout.pp, m))
+
+    model_flops = workload.tokens_per_step * workload.flops_per_token
+    hardware_flops = model_flops * (4 / 3 if workload.recompute else 1.0)
+    compute_s = hardware_flops / (hw.n_gpus * gpu.bf16_flops * assumptions.compute_efficiency)
+
+    tp_s = 0.0
+    if layout.tp > 1:
+        # act: bf16[micro_batch, seq_len, d_model], one all-reduce of a layer
+        act_bytes = layout.micro_batch * workload.seq_len * d_model * BYTES_PER_VALUE
+        per_layer = (TP_ALL_REDUCES_PER_LAYER_RECOMPUTE if workload.recompute
+                     else TP_ALL_REDUCES_PER_LAYER)
+        one_s = costmodel.collective_time("all_reduce", act_bytes, layout.tp,
+                                          hw.intra_node_bytes_per_s, hw.intra_node_latency_s)
+        tp_s = m * (n_layers / layout.pp) * per_layer * one_s
+
+    pp_s = 0.0
+    if layout.pp > 1:
+        # Each micro-batch's activations bf16[b, s, d] go to the next stage and their gradients
+        # come back; with tensor parallelism each of the tp GPUs sends 1/tp of them (Megatron's
+        # scatter/gather). Interleaving sends v times as often.
+        send_bytes = (layout.micro_batch * workload.seq_len * d_model * BYTES_PER_VALUE
+                      / layout.tp)
+        link_bytes_per_s = (hw.fabric_bytes_per_s if _stages_cross_nodes(layout, hw)
+                            else hw.intra_node_bytes_per_s)
+        pp_s = 2 * m * layout.virtual_stages * send_bytes / link_bytes_per_s
+
+    bubble_s = (compute_s + tp_s) * (layout.pp - 1) / (layout.virtual_stages * m)
+
+    dp_s = 0.0
+    if layout.dp > 1:
+        grad_bytes = params_per_gpu * BYTES_PER_VALUE
+        local, nodes = _dp_placement(layout, hw)
+        all_reduce_s = costmodel.hierarchical_all_reduce_time(
+            grad_bytes, local, nodes, hw.intra_node_bytes_per_s, hw.fabric_bytes_per_s,
+            intra_latency=hw.intra_node_latency_s, inter_latency=hw.fabric_latency_s)
+        dp_s = (1.5 if layout.zero_stage == 3 else 1.0) * all_reduce_s
+        dp_s *= 1 - assumptions.dp_overlap
+
+    load_s = storage.load_time_s(workload.tokens_per_step * workload.bytes_per_token,
+                                 hw.storage_read_bytes_per_s)
+    rest_s = compute_s + tp_s + pp_s + bubble_s + dp_s
+    wait_s = max(0.0, load_s - rest_s)
+    return Plan(workload, hw, layout, assumptions, states_bytes + activation_bytes, limit_bytes,
+                states_bytes, activation_bytes, compute_s, tp_s,
+                pp_s, bubble_s, dp_s, wait_s, load_s, model_flops)
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def candidate_layouts(workload: Workload, hw: Hardware) -> list[Layout]:
+    """Every layout the planner considers: tp dividing a node, pp up to the layer count, dp
+    dividing the global batch, ZeRO stages 0-3 (only 0 when dp = 1), micro-batches of one
+    sequence, no interleaving."""
+    n_layers, _ = workload.shape
+    layouts = []
+    for tp in _divisors(hw.gpus_per_node):
+        if hw.n_gpus % tp:
+            continue
+        for pp in _divisors(hw.n_gpus // tp):
+            dp = hw.n_gpus // (tp * pp)
+            if pp > n_layers or workload.global_batch % dp:
+                continue
+            for stage in (memory.ZERO_STAGES if dp > 1 else (0,)):
+                layouts.append(Layout(dp=dp, tp=tp, pp=pp, zero_stage=stage))
+    return layouts
+
+
+def rank_layouts(workload: Workload, hw: Hardware, assumptions: Assumptions = Assumptions(),
+                 *, limit: int | None = None) -> list[Plan]:
+    """The layouts that fit in memory, fastest step first.
+
+    Args:
+        workload: what to train.
+        hw: the cluster.
+        assumptions: software efficiencies.
+        limit: keep only the first ``limit`` plans.
+
+    Returns:
+        Plans sorted by step time (ties: lower ZeRO stage, fewer stages, less tensor
+        parallelism).
+
+    Raises:
+        ValueError: when no layout fits, naming the smallest memory found and what to change.
+    """
+    plans = [predict(workload, hw, layout, assumptions)
+             for layout in candidate_layouts(workload, hw)]
+    if not plans:
+        raise ValueError(f"No layout of {hw.n_gpus} GPUs divides the global batch of "
+                         f"{workload.global_batch} sequences; use a GPU count or batch that "
+                         f"share powers of two.")
+    fitting = [p for p in plans if p.fits]
+    if not fitting:
+        least = min(plans, key=lambda p: p.memory_bytes)
+        raise ValueError(
+            f"No layout fits: the smallest, {least.layout}, needs {least.memory_bytes / 1e9:.1f} "
+            f"GB of model states per GPU against {least.memory_limit_bytes / 1e9:.1f} GB usable "
+            f"on a {hw.gpu.name}; use more GPUs or GPUs with more memory.")
+    fitting.sort(key=lambda p: (p.step_s, p.layout.zero_stage, p.layout.pp, p.layout.tp))
+    return fitting[:limit] if limit else fitting
+
+
+def best_plan(workload: Workload, hw: Hardware,
+              assumptions: Assumptions = Assumptions()) -> Plan:
+    """The fastest layout that fits (the first of :func:`rank_layouts`)."""
+    return rank_layouts(workload, hw, assumptions, limit=1)[0]
+
+
+def gpus_needed(workload: Workload, hw: Hardware, assumptions: Assumptions = Assumptions(),
+                *, max_gpus: int = 2**20) -> Plan:
+    """The smallest cluster, in a power of two of whole nodes, that trains within the budget.
+
+    ``hw`` gives everything but the GPU count (its ``n_gpus`` is replaced). The storage is
+    the same shared system for every size, so a larger cluster can end up waiting for it.
+
+    Args:
+        workload: needs both ``n_tokens`` and ``time_budget_s``.
+        hw: the cluster design.
+        assumptions: software efficiencies.
+        max_gpus: give up beyond this many GPUs.
+
+    Returns:
+        The best plan on the smallest size that meets the budget.
+
+    Raises:
+        ValueError: without tokens and budget, or if no size up to ``max_gpus`` meets it.
+    """
+    if workload.n_tokens is None or workload.time_budget_s is None:
+        raise ValueError("gpus_needed needs a workload with both n_tokens and time_budget_s.")
+    nodes, fastest = 1, None
+    while nodes * hw.gpus_per_node <= max_gpus:
+        sized = replace(hw, n_gpus=nodes * hw.gpus_per_node)
+        try:
+            plan = best_plan(workload, sized, assumptions)
+        except ValueError:           # nothing fits or divides yet: more GPUs
+            plan = None
+        if plan is not None:
+            if plan.meets_budget:
+                return plan
+            if fastest is None or plan.time_to_train_s < fastest.time_to_train_s:
+                fastest = plan
+        nodes *= 2
+    best = ("" if fastest is None else
+            f" The fastest, {fastest.hardware.n_gpus} GPUs, takes "
+            f"{fastest.time_to_train_s / 86400:.1f} days.")
+    raise ValueError(f"No cluster of up to {max_gpus} GPUs trains {workload.n_tokens:.3g} tokens "
+                     f"within {workload.time_budget_s / 86400:.1f} days.{best}")
+
+
+def format_plans(plans: list[Plan]) -> str:
+    """A fixed-width table of plans: layout, memory, step parts, MFU, days, bottleneck."""
+    header = (f"{'layout':<24} {'mem GB':>7} {'compute':>8} {'tp':>7} {'pp':>7} {'bubble':>7} "
+              f"{'dp':>7} {'data':>7} {'step s':>8} {'MFU':>6} {'days':>7}  bottleneck")
+    lines = [header]
+    for p in plans:
+        days = p.time_to_train_s / 86400 if p.time_to_train_s is not None else float("nan")
+        lines.append(
+            f"{str(p.layout):<24} {p.memory_bytes / 1e9:7.1f} {p.compute_s:8.3f} "
+            f"{p.tp_comm_s:7.3f} {p.pp_comm_s:7.3f} {p.bubble_s:7.3f} {p.dp_comm_s:7.3f} {p.data_wait_s:7.3f} "
+            f"{p.step_s:8.3f} {100 * p.mfu:5.1f}% {days:7.1f}  {p.bottleneck}")
+    return "\n".join(lines)
+
+
+def describe_plan(plan: Plan) -> str:
+    """Several lines that summarize one plan for a reader."""
+    w, hw = plan.workload, plan.hardware
+    n_layers, d_model = w.shape
+    lines = [
+        f"workload: {w.n_params:.3g} parameters ({n_layers} layers x {d_model}), "
+        f"{w.global_batch} x {w.seq_len} = {w.tokens_per_step:,} tokens per step",
+        f"hardware: {hw.n_gpus} x {hw.gpu.name} ({hw.n_nodes} nodes of {hw.gpus_per_node}); "
+        f"node {hw.intra_node_bytes_per_s / 1e9:.0f} GB/s, fabric "
+        f"{hw.fabric_bytes_per_s / 1e9:.1f} GB/s per GPU; storage "
+        f"{hw.storage_read_bytes_per_s / 1e9:.1f} GB/s",
+        f"layout: {plan.layout}; {plan.memory_bytes / 1e9:.1f} GB per GPU "
+        f"({plan.states_bytes / 1e9:.1f} model states + {plan.activation_bytes / 1e9:.1f} "
+        f"activations) of {plan.memory_limit_bytes / 1e9:.1f} GB usable",
+        f"step: {plan.step_s:.3f} s; MFU {100 * plan.mfu:.1f}%; bottleneck: {plan.bottleneck}",
+    ]
+    if plan.time_to_train_s is not None:
+        lines.append(f"time to train {w.n_tokens:.3g} tokens: "
+                     f"{plan.time_to_train_s / 86400:.1f} days")
+    if plan.tokens_in_budget is not None:
+        lines.append(f"tokens in the {w.time_budget_s / 86400:.1f}-day budget: "
+                     f"{plan.tokens_in_budget:.3g}")
+    return "\n".join(lines)
