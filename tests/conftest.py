@@ -12,6 +12,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from clusterlab import devices
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -32,3 +34,35 @@ def run_python(*args: str, timeout: float = 120,
     return subprocess.run([sys.executable, *args], cwd=ROOT,
                           env={**os.environ, **(extra_env or {})}, capture_output=True,
                           text=True, timeout=timeout)
+
+
+class BuiltBook:
+    """The book built once per test run into a temporary directory (see the ``book`` fixture).
+
+    Attributes:
+        html: the ``_build/html`` directory of the build.
+        returncode: ``jupyter-book build``'s exit status.
+        log: its stdout and stderr together.
+    """
+
+    def __init__(self, html: Path, returncode: int, log: str):
+        self.html = html
+        self.returncode = returncode
+        self.log = log
+
+
+@pytest.fixture(scope="session")
+def book(tmp_path_factory) -> BuiltBook:
+    """Build the book ONCE per test run (``jupyter-book build -W -n --keep-going``).
+
+    The build goes to a temporary directory, never to the repository's ``_build``. The fixture
+    does not judge the build: ``test_book.py`` asserts on warnings, ``test_browser.py`` opens the
+    pages it produced.
+    """
+    out = tmp_path_factory.mktemp("book")
+    jupyter_book = Path(sys.executable).with_name("jupyter-book")
+    result = subprocess.run(
+        [str(jupyter_book), "build", str(ROOT), "-W", "-n", "--keep-going",
+         "--path-output", str(out)],
+        capture_output=True, text=True, timeout=1800)
+    return BuiltBook(out / "_build" / "html", result.returncode, result.stdout + result.stderr)
