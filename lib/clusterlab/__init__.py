@@ -11,6 +11,12 @@ configured afterwards):
 * :mod:`clusterlab.topology` - cluster networks as graphs; bisection bandwidth by min-cut.
 * :mod:`clusterlab.flops`, :mod:`clusterlab.memory` - training FLOPs, MFU, memory per device.
 * :mod:`clusterlab.storage`, :mod:`clusterlab.reliability` - the data path, failures, checkpoints.
+* :mod:`clusterlab.models`, :mod:`clusterlab.parallel` - small models; data, tensor, pipeline
+  and sharded data parallel training steps, each equal to one device.
+* :mod:`clusterlab.data`, :mod:`clusterlab.checkpoint` - on-disk shards and a prefetching loader;
+  checkpoints that survive a kill (:mod:`clusterlab.train_demo` is the job that is killed).
+* :mod:`clusterlab.distributed`, :mod:`clusterlab.launch` - several JAX processes, one job.
+* :mod:`clusterlab.plan` - the planner; :mod:`clusterlab.student` - student copies of the labs.
 * :mod:`clusterlab.check`, :mod:`clusterlab.plotting` - exercises and figures.
 """
 

@@ -271,3 +271,243 @@ def time_interleaved(fns: dict[str, Callable[..., object]], *args, warmup: int =
             jax.block_until_ready(fn(*args))
             samples[name].append(time.perf_counter() - start)
     return {name: Timing(tuple(values)) for name, values in samples.items()}
+
+
+# ----------------------------------------------------------------------------------------------
+# The machine's own roofline: measured ceilings, and where a program lands under them.
+#
+# The roofline model bounds a program's FLOP/s by the lesser of the device's peak FLOP/s and its
+# memory bandwidth times the program's arithmetic intensity (FLOPs per byte moved to and from
+# memory). Both ceilings are measured here on the devices at hand, and a program's FLOPs and
+# bytes come from XLA's cost analysis of the compiled program.
+#
+# References:
+#     Williams, Waterman & Patterson, "Roofline: An Insightful Visual Performance Model for
+#     Multicore Architectures", CACM 52(4), 2009. https://doi.org/10.1145/1498765.1498785
+# ----------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ProgramCost:
+    """FLOPs and bytes of one call of a compiled program, from XLA's cost analysis."""
+
+    flops: float            # floating-point operations of all devices together
+    bytes_accessed: float   # bytes read and written in memory, all devices together
+    n_devices: int          # devices the program runs on (XLA reports per device; x n_devices)
+
+    @property
+    def flops_per_byte(self) -> float:
+        """Arithmetic intensity: FLOPs per byte of memory traffic."""
+        return self.flops / self.bytes_accessed if self.bytes_accessed else float("inf")
+
+
+def program_cost(jitted: Callable[..., object], *args) -> ProgramCost:
+    """FLOPs and bytes accessed of ``jitted(*args)``, from the compiled program's cost analysis.
+
+    For a program sharded over several devices XLA analyses the per-device program; the totals
+    returned here multiply it by the number of devices.
+
+    Args:
+        jitted: a ``jax.jit`` -wrapped function.
+        *args: its arguments (arrays or ``jax.ShapeDtypeStruct`` s, with their shardings).
+
+    Returns:
+        A :class:`ProgramCost`.
+
+    Raises:
+        ValueError: when ``jitted`` is not jitted or XLA reports no FLOP count.
+    """
+    if not hasattr(jitted, "lower"):
+        raise ValueError("program_cost needs a jax.jit-wrapped function (it reads the compiled "
+                         "program's cost analysis); wrap it with jax.jit first.")
+    compiled = jitted.lower(*args).compile()
+    analysis = compiled.cost_analysis()
+    if isinstance(analysis, (list, tuple)):  # older JAX: one dict per program
+        analysis = analysis[0] if analysis else {}
+    if not analysis or "flops" not in analysis:
+        raise ValueError("XLA reported no cost analysis for this program on this backend.")
+    shardings = [s for s in jax.tree.leaves(compiled.input_shardings)
+                 if hasattr(s, "device_set")]
+    n_devices = max([len(s.device_set) for s in shardings], default=1)
+    return ProgramCost(flops=float(analysis["flops"]) * n_devices,
+                       bytes_accessed=float(analysis.get("bytes accessed", 0.0)) * n_devices,
+                       n_devices=n_devices)
+
+
+@dataclass(frozen=True)
+class Achieved:
+    """A program's cost and its measured time: the FLOP/s and bytes/s it achieved."""
+
+    cost: ProgramCost
+    timing: Timing
+
+    @property
+    def flops_per_s(self) -> float:
+        return self.cost.flops / self.timing.median_s
+
+    @property
+    def bytes_per_s(self) -> float:
+        return self.cost.bytes_accessed / self.timing.median_s
+
+
+def achieved_flops(jitted: Callable[..., object], *args, warmup: int = 2,
+                   repeats: int = 10) -> Achieved:
+    """Time ``jitted(*args)`` and divide its compiled FLOPs by the median time.
+
+    Args:
+        jitted: a ``jax.jit`` -wrapped function.
+        *args: its arguments (arrays).
+        warmup: untimed calls first (compilation).
+        repeats: timed calls.
+
+    Returns:
+        An :class:`Achieved`: ``.flops_per_s``, ``.bytes_per_s``, ``.cost``, ``.timing``.
+    """
+    cost = program_cost(jitted, *args)
+    return Achieved(cost, time_fn(jitted, *args, warmup=warmup, repeats=repeats))
+
+
+def _on(device: jax.Device | None) -> jax.Device:
+    return jax.devices()[0] if device is None else device
+
+
+def matmul_achieved(n: int, *, dtype: str = "float32", device: jax.Device | None = None,
+                    repeats: int = 5) -> Achieved:
+    """FLOP/s of an ``n x n`` by ``n x n`` matmul (``2 n^3`` FLOPs) on one device.
+
+    Args:
+        n: the matrices' size.
+        dtype: element type (on GPUs, float32 matmuls may run as TF32 at JAX's default
+            precision; bfloat16 uses the tensor cores' full rate).
+        device: where to run; default the first of ``jax.devices()``.
+        repeats: timed calls.
+
+    Returns:
+        An :class:`Achieved`.
+    """
+    if n < 1:
+        raise ValueError(f"matmul_achieved needs a positive matrix size, got {n}.")
+    device = _on(device)
+    key_a, key_b = jax.random.split(jax.random.key(0))
+    a = jax.device_put(jax.random.normal(key_a, (n, n), dtype), device)  # a: [n, n]
+    b = jax.device_put(jax.random.normal(key_b, (n, n), dtype), device)  # b: [n, n]
+    return achieved_flops(jax.jit(jnp.matmul), a, b, repeats=repeats)
+
+
+def peak_matmul_flops_per_s(device: jax.Device | None = None, *,
+                            sizes: Sequence[int] = (256, 512, 1024, 2048),
+                            dtype: str = "float32", repeats: int = 5) -> float:
+    """The best matmul FLOP/s over a few sizes: the device's measured compute ceiling.
+
+    Simulated CPU devices share the host's cores, so on them this is the host's ceiling (each
+    simulated device can use all cores when it runs alone).
+
+    Args:
+        device: where to run; default the first of ``jax.devices()``.
+        sizes: square matrix sizes to try (large enough to leave dispatch overhead behind).
+        dtype: element type.
+        repeats: timed calls per size.
+
+    Returns:
+        FLOP/s of the fastest size.
+    """
+    if not sizes:
+        raise ValueError("peak_matmul_flops_per_s needs at least one matrix size.")
+    return max(matmul_achieved(n, dtype=dtype, device=device, repeats=repeats).flops_per_s
+               for n in sizes)
+
+
+def memory_bandwidth_bytes_per_s(device: jax.Device | None = None, *,
+                                 nbytes: int = 64 * 2**20, repeats: int = 10) -> float:
+    """A device's streaming memory bandwidth: ``y = 2x + 1`` over ``nbytes`` of float32.
+
+    The program reads ``nbytes`` and writes ``nbytes`` (XLA's cost analysis counts both), and
+    does 2 FLOPs per 8 bytes, far below any ridge point: its time is memory traffic.
+
+    Args:
+        device: where to run; default the first of ``jax.devices()``.
+        nbytes: bytes of the input (larger than the caches, so memory is measured, not cache).
+        repeats: timed calls.
+
+    Returns:
+        Bytes read and written per second.
+    """
+    if nbytes < 4:
+        raise ValueError(f"memory_bandwidth_bytes_per_s needs at least 4 bytes, got {nbytes}.")
+    x = jax.device_put(jnp.ones((nbytes // 4,), jnp.float32), _on(device))  # x: f32[nbytes/4]
+    return achieved_flops(jax.jit(lambda v: v * 2.0 + 1.0), x, repeats=repeats).bytes_per_s
+
+
+@dataclass(frozen=True)
+class Roofline:
+    """Measured ceilings of one device kind."""
+
+    device_kind: str             # e.g. "cpu:cpu" or "gpu:NVIDIA H200"
+    peak_flops_per_s: float      # best measured matmul FLOP/s
+    memory_bytes_per_s: float    # measured streaming bandwidth (read + write bytes per second)
+    dtype: str                   # element type of the matmuls
+
+    @property
+    def ridge_flops_per_byte(self) -> float:
+        """The intensity where the two ceilings meet: below it memory bounds, above it compute."""
+        return self.peak_flops_per_s / self.memory_bytes_per_s
+
+    def attainable_flops_per_s(self, flops_per_byte):
+        """``min(peak, bandwidth * intensity)`` for one intensity or an array of them."""
+        intensity = np.asarray(flops_per_byte, dtype=float)
+        if np.any(intensity < 0):
+            raise ValueError("Arithmetic intensity (FLOPs per byte) cannot be negative.")
+        value = np.minimum(self.peak_flops_per_s, self.memory_bytes_per_s * intensity)
+        return float(value) if value.ndim == 0 else value
+
+    def __str__(self) -> str:
+        return (f"{self.device_kind}: peak {self.peak_flops_per_s / 1e9:.1f} GFLOP/s "
+                f"({self.dtype} matmul), memory {self.memory_bytes_per_s / 1e9:.1f} GB/s, "
+                f"ridge {self.ridge_flops_per_byte:.1f} FLOP/byte")
+
+
+def measure_roofline(device: jax.Device | None = None, *,
+                     sizes: Sequence[int] = (256, 512, 1024, 2048), dtype: str = "float32",
+                     nbytes: int = 64 * 2**20, repeats: int = 5) -> Roofline:
+    """Measure one device's roofline: peak matmul FLOP/s and streaming memory bandwidth.
+
+    Args:
+        device: default the first of ``jax.devices()``.
+        sizes, dtype: the matmuls of :func:`peak_matmul_flops_per_s`.
+        nbytes: the buffer of :func:`memory_bandwidth_bytes_per_s`.
+        repeats: timed calls per measurement.
+
+    Returns:
+        A :class:`Roofline`.
+
+    References:
+        Williams, Waterman & Patterson, CACM 2009. https://doi.org/10.1145/1498765.1498785
+    """
+    device = _on(device)
+    return Roofline(
+        device_kind=f"{device.platform}:{device.device_kind}",
+        peak_flops_per_s=peak_matmul_flops_per_s(device, sizes=sizes, dtype=dtype,
+                                                 repeats=repeats),
+        memory_bytes_per_s=memory_bandwidth_bytes_per_s(device, nbytes=nbytes,
+                                                        repeats=repeats),
+        dtype=str(jnp.dtype(dtype)))
+
+
+def rooflines(devices: Sequence[jax.Device] | None = None, **options) -> dict[str, Roofline]:
+    """One measured :class:`Roofline` per device kind among ``devices`` (first device of each).
+
+    Args:
+        devices: default ``jax.devices()`` (GPUs where present) plus the host's first CPU.
+        **options: passed to :func:`measure_roofline`.
+
+    Returns:
+        ``{"platform:device_kind": Roofline}``.
+    """
+    if devices is None:
+        devices = list(jax.devices())
+        if devices[0].platform != "cpu":
+            devices.append(jax.devices("cpu")[0])
+    first: dict[str, jax.Device] = {}
+    for d in devices:
+        first.setdefault(f"{d.platform}:{d.device_kind}", d)
+    return {kind: measure_roofline(d, **options) for kind, d in first.items()}
