@@ -127,6 +127,14 @@ def mesh(shape: Sequence[int], axis_names: Sequence[str],
                          devices=devices)
 
 
+def axis_size(mesh: Mesh, axis_name: str) -> int:
+    """Devices along ``axis_name`` of ``mesh``, or a ValueError listing the mesh's axes."""
+    if axis_name not in mesh.shape:
+        raise ValueError(f"Mesh axis {axis_name!r} is not in the mesh; its axes are "
+                         f"{tuple(mesh.axis_names)}. Pass one of them as the axis name.")
+    return int(mesh.shape[axis_name])
+
+
 def check_divides(shape: Sequence[int], mesh: Mesh, spec: PartitionSpec) -> None:
     """Raise a clear error unless every sharded dimension divides by its mesh axes.
 
@@ -142,11 +150,7 @@ def check_divides(shape: Sequence[int], mesh: Mesh, spec: PartitionSpec) -> None
         if axes is None:
             continue
         names = axes if isinstance(axes, tuple) else (axes,)
-        unknown = [a for a in names if a not in mesh.shape]
-        if unknown:
-            raise ValueError(f"Mesh axis {unknown[0]!r} is not in the mesh; its axes are "
-                             f"{tuple(mesh.axis_names)}.")
-        parts = int(np.prod([mesh.shape[a] for a in names]))
+        parts = int(np.prod([axis_size(mesh, a) for a in names]))
         if shape[dim] % parts:
             raise ValueError(
                 f"Dimension {dim} of an array of shape {tuple(shape)} has size {shape[dim]}, "

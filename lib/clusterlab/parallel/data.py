@@ -42,6 +42,7 @@ import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from clusterlab import collectives, models
+from clusterlab.devices import axis_size as _axis_size
 
 FORMS = ("pmap", "shard_map", "jit")
 
@@ -86,13 +87,6 @@ def check_batch(batch_size: int, n_devices: int) -> None:
             f"data-parallel devices: each device needs batch/devices whole examples. Use a batch "
             f"that is a multiple of {n_devices} (e.g. {(batch_size // n_devices + 1) * n_devices})"
             f", or a device count that divides {batch_size} (e.g. {fits[-1]}).")
-
-
-def _axis_size(mesh: Mesh, axis_name: str) -> int:
-    if axis_name not in mesh.shape:
-        raise ValueError(f"Mesh axis {axis_name!r} is not in the mesh; its axes are "
-                         f"{tuple(mesh.axis_names)}. Pass the data-parallel axis as axis_name.")
-    return int(mesh.shape[axis_name])
 
 
 def _update(optimizer: optax.GradientTransformation, params, opt_state, grads):

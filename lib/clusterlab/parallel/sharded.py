@@ -53,6 +53,7 @@ from jax.flatten_util import ravel_pytree
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from clusterlab import collectives, devices, models
+from clusterlab.devices import axis_size as _axis_size
 from clusterlab.parallel import tensor
 
 ZERO_STAGES = (0, 1, 2, 3)
@@ -109,13 +110,6 @@ def check_divisible(*, flat_size: int, batch_size: int | None, n_devices: int) -
             f"The global batch of {batch_size} examples does not split into {n_devices} equal "
             f"shards, one per data-parallel device; use a batch that is a multiple of "
             f"{n_devices} (e.g. {(batch_size // n_devices + 1) * n_devices}).")
-
-
-def _axis_size(mesh: Mesh, axis_name: str) -> int:
-    if axis_name not in mesh.shape:
-        raise ValueError(f"Mesh axis {axis_name!r} is not in the mesh; its axes are "
-                         f"{tuple(mesh.axis_names)}.")
-    return mesh.shape[axis_name]
 
 
 def _flat_loss(flat: jax.Array, x: jax.Array, y: jax.Array, unravel) -> jax.Array:
