@@ -62,8 +62,10 @@ ENV_PORT = "CLUSTERLAB_PORT"
 # Exit code of a process that gave up waiting for the others to join.
 EXIT_INIT_TIMEOUT = 3
 
-# gloo prints one such line per device when it connects; the launcher leaves them out.
-_NOISE = re.compile(r"^\[Gloo\] Rank \d+ is connected to \d+ peer ranks")
+# gloo prints one such line per device when it connects; the launcher leaves them out. Devices
+# connect from several threads at once, so two of these lines can arrive spliced together
+# ("[Gloo] Rank [Gloo] Rank 1 is connected ..." then "0 is connected ..."): match any piece.
+_NOISE = re.compile(r"\[Gloo\] Rank|is connected to \d+ peer ranks")
 
 
 class DistributedError(RuntimeError):
@@ -509,7 +511,7 @@ def _blame(exits: Sequence[tuple[float, int]], codes: Sequence[int],
 
 def _pump(stream, rank: int, lines: list[str], echo: TextIO | None, lock: threading.Lock):
     for line in iter(stream.readline, ""):
-        if _NOISE.match(line):
+        if _NOISE.search(line):
             continue
         lines.append(line)
         if echo is not None:
