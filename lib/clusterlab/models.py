@@ -291,6 +291,34 @@ def make_train_step(loss_fn: LossFn, optimizer: optax.GradientTransformation) ->
     return step
 
 
+def run_steps(step: Callable, params, opt_state, batches: Iterable[tuple], *,
+              place: Callable = lambda x, y: (x, y),
+              loss_value: Callable = np.asarray) -> tuple:
+    """Apply a training step to each batch in turn: the loop every strategy's ``train`` shares.
+
+    Args:
+        step: ``step(params, opt_state, x, y) -> (params, opt_state, loss)``.
+        params: parameters as ``step`` takes them (placed or sharded already).
+        opt_state: optimizer state as ``step`` takes it.
+        batches: ``(x, y)`` pairs, one per step, each the global batch.
+        place: puts one batch where ``step`` expects it (a device, a sharding).
+        loss_value: turns ``step``'s loss into one number (e.g. a mean over devices).
+
+    Returns:
+        ``(params, opt_state, losses)``, the losses a NumPy f32[n_steps] on the host.
+
+    Raises:
+        ValueError: when ``batches`` is empty.
+    """
+    losses = []
+    for x, y in batches:
+        params, opt_state, loss = step(params, opt_state, *place(x, y))
+        losses.append(np.asarray(loss_value(loss), dtype=np.float32))
+    if not losses:
+        raise ValueError("training got no batches; pass at least one (x, y) pair.")
+    return params, opt_state, np.stack(losses)
+
+
 def reference_train(params: Params, batches: Iterable[tuple[jax.Array, jax.Array]], *,
                     loss_fn: LossFn = mse_loss,
                     optimizer: optax.GradientTransformation | None = None,
@@ -312,14 +340,9 @@ def reference_train(params: Params, batches: Iterable[tuple[jax.Array, jax.Array
     params = jax.device_put(params, device)
     opt_state = optimizer.init(params)
     step = make_train_step(loss_fn, optimizer)
-    losses = []
-    for x, y in batches:
-        params, opt_state, loss = step(params, opt_state, jax.device_put(x, device),
-                                       jax.device_put(y, device))
-        losses.append(loss)
-    if not losses:
-        raise ValueError("reference_train got no batches; pass at least one (x, y) pair.")
-    return params, np.stack([np.asarray(loss) for loss in losses])
+    params, _, losses = run_steps(step, params, opt_state, batches,
+                                  place=lambda x, y: jax.device_put((x, y), device))
+    return params, losses
 
 
 def param_count(params: Params) -> int:

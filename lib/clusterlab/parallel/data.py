@@ -300,14 +300,9 @@ def train(dp: DataParallel, params, batches: Iterable[tuple[jax.Array, jax.Array
         before each update, a NumPy f32[n_steps] on the host.
     """
     params, opt_state = dp.init(params)
-    losses = []
-    for x, y in batches:
-        x, y = dp.place_batch(x, y)
-        params, opt_state, loss = dp.step(params, opt_state, x, y)
-        losses.append(dp.loss_value(loss))
-    if not losses:
-        raise ValueError("train got no batches; pass at least one (x, y) pair.")
-    return dp.gather(params), np.stack([np.asarray(loss) for loss in losses])
+    params, _, losses = models.run_steps(dp.step, params, opt_state, batches,
+                                         place=dp.place_batch, loss_value=dp.loss_value)
+    return dp.gather(params), losses
 
 
 def gradient_bytes(params) -> int:

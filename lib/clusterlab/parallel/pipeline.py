@@ -428,11 +428,8 @@ def train(params: Sequence[dict], batches: Sequence[tuple[jax.Array, jax.Array]]
                                optimizer=optimizer)
     stacked = shard_stages(params, mesh, axis_name)
     opt_state = init_opt_state(optimizer, stacked)
-    losses = []
-    for x, y in batches:
-        stacked, opt_state, loss = step(stacked, opt_state, x, y)
-        losses.append(loss)
-    return unstack_stages(jax.device_get(stacked)), np.asarray(jax.device_get(losses), np.float32)
+    stacked, _, losses = models.run_steps(step, stacked, opt_state, batches)
+    return unstack_stages(jax.device_get(stacked)), losses
 
 
 def stash_bytes(schedule: Schedule, batch: int, d_model: int, *,

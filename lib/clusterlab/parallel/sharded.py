@@ -285,13 +285,9 @@ def train(sdp: ShardedDataParallel, params: Sequence[dict],
         of the devices' losses, the loss on the global batch).
     """
     flat, opt_state = sdp.init(params)
-    losses = []
-    for x, y in batches:
-        flat, opt_state, device_losses = sdp.step(flat, opt_state, *sdp.place_batch(x, y))
-        losses.append(np.mean(np.asarray(device_losses)))
-    if not losses:
-        raise ValueError("train got no batches; pass at least one (x, y) pair.")
-    return sdp.gather(flat), np.asarray(losses, dtype=np.float32)
+    flat, _, losses = models.run_steps(sdp.step, flat, opt_state, batches,
+                                       place=sdp.place_batch, loss_value=np.mean)
+    return sdp.gather(flat), losses
 
 
 def sent_bytes_per_device(ops: Sequence[collectives.CollectiveOp], n: int) -> float:
@@ -384,14 +380,13 @@ def train_2d(params: Sequence[dict], batches: Iterable[tuple[jax.Array, jax.Arra
                               optimizer=optimizer)
     sharded = shard_2d(params, mesh, model_axis=model_axis)
     opt_state = jax.jit(optimizer.init)(sharded)
-    losses = []
-    for x, y in batches:
+
+    def place(x, y):
         if x.shape[0] % dp:
             raise ValueError(f"The global batch of {x.shape[0]} examples does not split into "
                              f"{dp} equal shards over {data_axis!r}; use a multiple of {dp}.")
-        x, y = (devices.shard(a, mesh, P(data_axis)) for a in (x, y))
-        sharded, opt_state, device_losses = step(sharded, opt_state, x, y)
-        losses.append(np.mean(np.asarray(device_losses)))
-    if not losses:
-        raise ValueError("train_2d got no batches; pass at least one (x, y) pair.")
-    return jax.device_get(sharded), np.asarray(losses, dtype=np.float32)
+        return tuple(devices.shard(a, mesh, P(data_axis)) for a in (x, y))
+
+    sharded, _, losses = models.run_steps(step, sharded, opt_state, batches, place=place,
+                                          loss_value=np.mean)
+    return jax.device_get(sharded), losses

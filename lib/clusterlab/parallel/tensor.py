@@ -295,10 +295,5 @@ def train(params: Params, batches: Sequence[tuple[jax.Array, jax.Array]], mesh: 
     step = maker(params, mesh, axis_name, optimizer=optimizer)
     params = shard_params(params, mesh, axis_name)
     opt_state = init_opt_state(optimizer, params)
-    losses = []
-    for x, y in batches:
-        params, opt_state, loss = step(params, opt_state, x, y)
-        losses.append(loss)
-    if not losses:
-        raise ValueError("train got no batches; pass at least one (x, y) pair.")
-    return params, np.asarray(jax.device_get(losses), dtype=np.float32)
+    params, _, losses = models.run_steps(step, params, opt_state, batches)
+    return params, losses
