@@ -28,6 +28,28 @@ def sub_mesh(n: int, axis_name: str = "x"):
     return devices.mesh((n,), (axis_name,), DEVICES[:n])
 
 
+def reference_run(*, d_model: int, d_hidden: int, n_blocks: int, batch: int, steps: int,
+                  n_samples: int, learning_rate: float | None = None):
+    """An MLP, its batches, the optimizer and the single-device run a strategy must equal.
+
+    Returns:
+        ``(params, batches, optimizer, reference_params, reference_losses)``, the reference on
+        the host.
+    """
+    import jax
+    import numpy as np
+
+    from clusterlab import models
+
+    params = models.init_mlp(jax.random.key(0), d_model=d_model, d_hidden=d_hidden,
+                             n_blocks=n_blocks)
+    x, y = models.synthetic_regression(jax.random.key(1), n_samples=n_samples, d_model=d_model)
+    batches = models.make_batches(x, y, batch_size=batch, n_steps=steps)
+    optimizer = models.make_optimizer(*(() if learning_rate is None else (learning_rate,)))
+    reference, losses = models.reference_train(params, batches, optimizer=optimizer)
+    return params, batches, optimizer, jax.device_get(reference), np.asarray(losses)
+
+
 def run_python(*args: str, timeout: float = 120,
                extra_env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     """Run ``python ARGS`` in a fresh process (fresh JAX) from the repository root."""

@@ -13,7 +13,7 @@ from jax.sharding import PartitionSpec as P
 
 from clusterlab import collectives, costmodel, devices, models
 from clusterlab.parallel import data
-from conftest import sub_mesh
+from conftest import reference_run, sub_mesh
 
 D, H, BLOCKS, BATCH, STEPS = 16, 32, 2, 32, 4
 AXIS = "data"
@@ -22,12 +22,8 @@ AXIS = "data"
 @pytest.fixture(scope="module")
 def problem():
     """Initial parameters, batches, optimizer and the single-device reference run."""
-    params = models.init_mlp(jax.random.key(0), d_model=D, d_hidden=H, n_blocks=BLOCKS)
-    x, y = models.synthetic_regression(jax.random.key(1), n_samples=96, d_model=D)
-    batches = models.make_batches(x, y, batch_size=BATCH, n_steps=STEPS)
-    optimizer = models.make_optimizer(1e-2)
-    reference, losses = models.reference_train(params, batches, optimizer=optimizer)
-    return params, batches, optimizer, reference, losses
+    return reference_run(d_model=D, d_hidden=H, n_blocks=BLOCKS, batch=BATCH, steps=STEPS,
+                         n_samples=96, learning_rate=1e-2)
 
 
 def max_relative_diff(trained, reference) -> float:

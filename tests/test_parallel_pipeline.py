@@ -3,13 +3,12 @@ the single-device reference, the ppermutes counted from the compiled program, in
 
 from __future__ import annotations
 
-import jax
 import numpy as np
 import pytest
 
 from clusterlab import collectives, costmodel, models
 from clusterlab.parallel import pipeline
-from conftest import sub_mesh
+from conftest import reference_run, sub_mesh
 
 AXIS = "stage"
 D, H, BLOCKS, BATCH, STEPS = 8, 16, 8, 16, 3
@@ -17,11 +16,9 @@ D, H, BLOCKS, BATCH, STEPS = 8, 16, 8, 16, 3
 
 @pytest.fixture(scope="module")
 def case():
-    params = models.init_mlp(jax.random.key(0), d_model=D, d_hidden=H, n_blocks=BLOCKS)
-    x, y = models.synthetic_regression(jax.random.key(1), n_samples=2 * BATCH, d_model=D)
-    batches = models.make_batches(x, y, batch_size=BATCH, n_steps=STEPS)
-    reference, losses = models.reference_train(params, batches)
-    return params, batches, jax.device_get(reference), np.asarray(losses)
+    params, batches, _, reference, losses = reference_run(
+        d_model=D, d_hidden=H, n_blocks=BLOCKS, batch=BATCH, steps=STEPS, n_samples=2 * BATCH)
+    return params, batches, reference, losses
 
 
 @pytest.mark.parametrize("stages, microbatches, schedule", [

@@ -12,7 +12,7 @@ from jax.sharding import PartitionSpec as P
 
 from clusterlab import collectives, costmodel, devices, memory, models
 from clusterlab.parallel import sharded
-from conftest import DEVICES, sub_mesh
+from conftest import DEVICES, reference_run, sub_mesh
 
 D, H, N_BLOCKS, BATCH, STEPS = 32, 64, 2, 32, 4
 TOL = 2e-6  # fp32, several Adam steps
@@ -20,12 +20,8 @@ TOL = 2e-6  # fp32, several Adam steps
 
 @functools.lru_cache(maxsize=None)
 def _setup():
-    params = models.init_mlp(jax.random.key(0), d_model=D, d_hidden=H, n_blocks=N_BLOCKS)
-    x, y = models.synthetic_regression(jax.random.key(1), n_samples=128, d_model=D)
-    batches = models.make_batches(x, y, batch_size=BATCH, n_steps=STEPS)
-    optimizer = models.make_optimizer(1e-2)
-    ref, ref_losses = models.reference_train(params, batches, optimizer=optimizer)
-    return params, batches, optimizer, jax.device_get(ref), np.asarray(ref_losses)
+    return reference_run(d_model=D, d_hidden=H, n_blocks=N_BLOCKS, batch=BATCH, steps=STEPS,
+                         n_samples=128, learning_rate=1e-2)
 
 
 @pytest.mark.parametrize("n", [2, 4, 8])

@@ -10,7 +10,7 @@ import pytest
 
 from clusterlab import collectives, costmodel, models
 from clusterlab.parallel import tensor
-from conftest import sub_mesh
+from conftest import reference_run, sub_mesh
 
 AXIS = "model"
 D, H, BLOCKS, BATCH, STEPS = 16, 32, 3, 16, 4
@@ -18,11 +18,9 @@ D, H, BLOCKS, BATCH, STEPS = 16, 32, 3, 16, 4
 
 @pytest.fixture(scope="module")
 def mlp_case():
-    params = models.init_mlp(jax.random.key(0), d_model=D, d_hidden=H, n_blocks=BLOCKS)
-    x, y = models.synthetic_regression(jax.random.key(1), n_samples=2 * BATCH, d_model=D)
-    batches = models.make_batches(x, y, batch_size=BATCH, n_steps=STEPS)
-    reference, losses = models.reference_train(params, batches)
-    return params, batches, jax.device_get(reference), np.asarray(losses)
+    params, batches, _, reference, losses = reference_run(
+        d_model=D, d_hidden=H, n_blocks=BLOCKS, batch=BATCH, steps=STEPS, n_samples=2 * BATCH)
+    return params, batches, reference, losses
 
 
 def _transformer_loss(params, x, y):

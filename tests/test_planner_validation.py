@@ -28,8 +28,6 @@ paper's table does not quantify.
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import pytest
 
 from clusterlab import costmodel, hardware, plan

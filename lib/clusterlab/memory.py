@@ -21,7 +21,6 @@ References:
 
 from __future__ import annotations
 
-import math
 from clusterlab import _checks
 from clusterlab._checks import positive as _check_positive
 

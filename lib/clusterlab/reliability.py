@@ -25,7 +25,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from clusterlab._checks import count as _count, number as _as_float, positive as _positive
+from clusterlab._checks import count as _count, positive as _positive
 
 __all__ = [
     "cluster_mtbf_s", "failure_rate_per_s", "expected_failures", "probability_no_failure",

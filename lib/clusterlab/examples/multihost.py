@@ -16,7 +16,6 @@ import time
 from typing import Sequence
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding, PartitionSpec as P
@@ -25,6 +24,18 @@ from clusterlab import bench, collectives, distributed
 
 HOSTS, DEVICES = "hosts", "devices"  # the two axes of the (hosts, devices per host) mesh
 BOTH = (HOSTS, DEVICES)
+
+
+# The four ways to all-reduce over the (hosts, devices) mesh, shared by the check and the sweep.
+_ALL_REDUCES = {
+    "intra": lambda b: jax.lax.psum(b, DEVICES),
+    "inter": lambda b: jax.lax.psum(b, HOSTS),
+    "flat": lambda b: jax.lax.psum(b, BOTH),
+    "hierarchical": lambda b: collectives.hierarchical_all_reduce(
+        b, intra_axis=DEVICES, inter_axis=HOSTS),
+}
+_LABELS = {"intra": "within a process (devices)", "inter": "across processes (hosts)",
+           "flat": "whole mesh (flat)", "hierarchical": "whole mesh (hierarchical)"}
 
 
 def _global(mesh, local_block: np.ndarray, spec=P(BOTH)) -> jax.Array:
@@ -53,13 +64,7 @@ def collectives_check(elements: int = 4) -> dict:
     values = np.arange(1, h * d + 1, dtype=np.float32).reshape(h, d)  # values: f32[h, d]
     local = np.repeat(values[rank], elements).astype(np.float32)  # local: f32[d * e]
     x = _global(mesh, local)
-    runs = {
-        "within a process (devices)": lambda b: jax.lax.psum(b, DEVICES),
-        "across processes (hosts)": lambda b: jax.lax.psum(b, HOSTS),
-        "whole mesh (flat)": lambda b: jax.lax.psum(b, BOTH),
-        "whole mesh (hierarchical)": lambda b: collectives.hierarchical_all_reduce(
-            b, intra_axis=DEVICES, inter_axis=HOSTS),
-    }
+    runs = {_LABELS[name]: body for name, body in _ALL_REDUCES.items()}
     expected = {
         "within a process (devices)": np.repeat(values.sum(1, keepdims=True), d, 1),
         "across processes (hosts)": np.repeat(values.sum(0, keepdims=True), h, 0),
@@ -94,13 +99,7 @@ def measure_collectives(sizes_bytes: Sequence[int], *, repeats: int = 7) -> dict
     """
     mesh = distributed.host_mesh(BOTH)
     h, d = mesh.devices.shape
-    bodies = {
-        "intra": lambda b: jax.lax.psum(b, DEVICES),
-        "inter": lambda b: jax.lax.psum(b, HOSTS),
-        "flat": lambda b: jax.lax.psum(b, BOTH),
-        "hierarchical": lambda b: collectives.hierarchical_all_reduce(
-            b, intra_axis=DEVICES, inter_axis=HOSTS),
-    }
+    bodies = _ALL_REDUCES
     medians = {name: [] for name in bodies}
     spreads = {name: [] for name in bodies}
     for nbytes in sizes_bytes:
