@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 
 import jax
@@ -38,7 +39,7 @@ def test_setup_with_another_count_in_a_fresh_process_says_restart():
     # Simulated devices even on a GPU host, where setup(4) after setup(8) is fine.
     result = run_python("-c", code, extra_env={devices.PLATFORM_ENV: "cpu"})
     assert result.returncode == 1
-    assert "Using 8 simulated CPU devices" in result.stdout
+    assert "using 8 simulated CPU devices in this process" in result.stdout
     assert "DeviceSetupError" in result.stderr
     assert re.search(r"already initialised with 8 CPU device\(s\).*restart the kernel",
                      result.stderr)
@@ -60,9 +61,23 @@ def test_describe(capsys):
     text = devices.describe(DEVICES)
     assert capsys.readouterr().out.strip() == text
     assert f"jax {jax.__version__}" in text
-    assert f"devices: 8 x {DEVICES[0].platform}:{DEVICES[0].device_kind}" in text
-    assert "simulated: True" in text
-    assert "simulated: False" in devices.describe(DEVICES[:1])
+    if DEVICES[0].platform == "cpu":
+        assert ("devices: 8 simulated CPU devices in this process, sharing the host's "
+                f"{os.cpu_count()} core") in text
+        assert "devices: 1 of 8 simulated CPU devices" in devices.describe(DEVICES[:1])
+    else:
+        assert f"devices: 8 accelerators ({DEVICES[0].platform.upper()}" in text
+    assert "1 process\n" in text and "processs" not in text
+
+
+def test_one_cpu_device_is_the_host_not_a_simulation():
+    code = ("from clusterlab import devices\n"
+            "devices.describe(devices.setup(1))\n")
+    result = run_python("-c", code, extra_env={devices.PLATFORM_ENV: "cpu"})
+    assert result.returncode == 0, result.stderr
+    assert "using the host CPU as 1 device" in result.stdout
+    assert "devices: the host CPU as 1 device" in result.stdout
+    assert "simulated CPU devices" not in result.stdout
 
 
 def test_mesh_shape_names_and_auto_axes():

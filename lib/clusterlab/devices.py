@@ -73,22 +73,55 @@ def setup(n: int) -> list[jax.Device]:
             f"{n} were asked for. The device count is fixed once JAX has run an operation: "
             f"restart the kernel (or the Python process) and call clusterlab.devices.setup({n}) "
             "before any other JAX code.")
-    reason = (f"only {len(accelerators)} accelerator(s) found" if accelerators
-              else "no accelerator found")
-    print(f"Using {n} simulated CPU devices ({reason}); they share this host's "
-          f"{os.cpu_count()} core(s) and its memory.")
+    reason = (f"Only {len(accelerators)} accelerator(s) found" if accelerators
+              else "No accelerator found")
+    print(f"{reason}: using {_cpu_devices_phrase(n)}.")
     return cpus
 
 
+def _plural(count: int, noun: str, plural: str | None = None) -> str:
+    """``"1 core"``, ``"2 cores"``: a count with its noun in the right number."""
+    return f"{count} {noun if count == 1 else plural or noun + 's'}"
+
+
+def _cpu_devices_phrase(n: int, of: int | None = None) -> str:
+    """What ``n`` CPU devices (of ``of`` in this process, default ``n``) are, in words."""
+    cores = _plural(os.cpu_count() or 1, "core")
+    if of is not None and of > n:
+        return (f"{n} of {of} simulated CPU devices in this process, which share the host's "
+                f"{cores} and its memory")
+    if n == 1:
+        return f"the host CPU as 1 device (all its {cores}, no simulation)"
+    return (f"{n} simulated CPU devices in this process, sharing the host's {cores} and its "
+            "memory")
+
+
 def describe(devices: Sequence[jax.Device] | None = None) -> str:
-    """Print and return what the lab runs on: JAX version, host, device kind and count."""
+    """Print and return what the lab runs on, in words: JAX, the host, and the devices.
+
+    The devices line says plainly what they are: real accelerators (with their kind), the host
+    CPU as one device, or several simulated CPU devices that share the host's cores and memory.
+    """
     devices = list(devices) if devices is not None else jax.devices()
-    kinds = sorted({f"{d.platform}:{d.device_kind}" for d in devices})
+    if not devices:
+        raise ValueError("describe() needs at least one device; pass None for jax.devices().")
+    processes = jax.process_count()
+    cpus = [d for d in devices if d.platform == "cpu"]
+    if cpus and len(cpus) < len(devices):
+        what = (f"{len(devices)} devices: {len(devices) - len(cpus)} accelerator(s) and "
+                f"{len(cpus)} CPU device(s)")
+    elif cpus:
+        per_process = max(len(devices) // processes, 1)
+        what = _cpu_devices_phrase(per_process, of=len(jax.local_devices(backend="cpu")))
+        if processes > 1:
+            what = f"{len(devices)} CPU devices in all; in each process, {what}"
+    else:
+        kinds = ", ".join(sorted({f"{d.platform.upper()} {d.device_kind}" for d in devices}))
+        what = f"{_plural(len(devices), 'accelerator')} ({kinds}), real devices"
     lines = [
-        f"jax {jax.__version__}, {jax.process_count()} process(es)",
-        f"host: {platform.machine()}, {os.cpu_count()} CPU core(s)",
-        f"devices: {len(devices)} x {', '.join(kinds)}",
-        f"simulated: {all(d.platform == 'cpu' for d in devices) and len(devices) > 1}",
+        f"jax {jax.__version__}, {_plural(processes, 'process', 'processes')}",
+        f"host: {platform.machine()}, {_plural(os.cpu_count() or 1, 'CPU core')}",
+        f"devices: {what}",
     ]
     text = "\n".join(lines)
     print(text)
