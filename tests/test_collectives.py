@@ -272,3 +272,55 @@ def test_recursive_doubling_needs_a_power_of_two(n):
     with pytest.raises(ValueError, match=rf"needs a power-of-two axis size, got {n}; use "
                                          r"ring_all_reduce"):
         fn(np.zeros((n * BLOCK_ROWS,), np.float32))
+
+
+# --- the ring's messages in the compiled program ----------------------------------------------
+
+@pytest.mark.parametrize("n", [2, 4, 8])
+def test_ring_all_reduce_executes_2p_minus_2_messages_of_one_chunk(n):
+    from clusterlab import costmodel
+
+    x = _global_input(n, (BLOCK_ROWS,), np.float32)
+    ring = collectives.make_collective("all_reduce", sub_mesh(n), AXIS, implementation="ring")
+    executed = collectives.executed_collectives(ring, x)
+    steps, sent_bytes = costmodel.collective_steps_and_bytes("all_reduce", 4 * BLOCK_ROWS, n)
+    assert [op.kind for op in executed] == ["collective-permute"] * steps
+    assert sum(op.bytes for op in executed) == sent_bytes  # 2(p-1)/p of the 96-byte buffer
+    # Each phase is one loop: one collective-permute in the program, run p-1 times.
+    assert collectives.hlo_op_count(ring, x) == 2
+
+
+@pytest.mark.parametrize("n", [2, 4, 8])
+def test_ring_permutes_only_sends_what_the_ring_sends(n):
+    mesh = sub_mesh(n)
+    x = _global_input(n, (BLOCK_ROWS,), np.int32)
+    run = jax.jit(jax.shard_map(lambda b: collectives.ring_permutes_only(b, AXIS), mesh=mesh,
+                                in_specs=P(AXIS), out_specs=P(AXIS)))
+    ring = collectives.make_collective("all_reduce", mesh, AXIS, implementation="ring")
+    assert (collectives.executed_collectives(run, x)
+            == collectives.executed_collectives(ring, x))
+    blocks = _blocks(x, n)
+    chunk = BLOCK_ROWS // n
+    # After 2(n-1) steps to the right, device i holds the first chunk of device i - 2(n-1).
+    expected = np.concatenate([blocks[(i - 2 * (n - 1)) % n, :chunk] for i in range(n)])
+    np.testing.assert_array_equal(run(x), expected)
+
+
+@pytest.mark.parametrize("check_vma", [True, False])
+def test_ring_all_reduce_values_and_gradients_equal_psum(check_vma):
+    n = 8
+    mesh = sub_mesh(n)
+
+    def sharded(fn):
+        return jax.jit(jax.shard_map(lambda b: fn(b, AXIS), mesh=mesh, in_specs=P(AXIS),
+                                     out_specs=P(AXIS), check_vma=check_vma))
+
+    ring, psum = sharded(collectives.ring_all_reduce), sharded(jax.lax.psum)
+    x = _global_input(n, (BLOCK_ROWS, 3), np.float32)
+    weights = np.arange(x.size, dtype=np.float32).reshape(x.shape)  # a different weight each
+
+    def loss(fn):
+        return lambda x: jnp.sum(fn(x) * weights)
+
+    np.testing.assert_allclose(ring(x), psum(x), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(jax.grad(loss(ring))(x), jax.grad(loss(psum))(x), rtol=1e-6)

@@ -44,7 +44,9 @@ def ring_reduce_scatter(x: jax.Array, axis_name: str) -> jax.Array:
     """Ring reduce-scatter: p-1 steps, each device sends (p-1)/p of its buffer in all.
 
     Forward: device ``i`` ends with chunk ``i`` of the sum over devices. Its gradient is a
-    ring all-gather.
+    ring all-gather. The steps run in a ``jax.lax.fori_loop``: one ``collective-permute`` in the
+    compiled program, executed p-1 times (:func:`executed_collectives` counts them), and one
+    partial-sum buffer of N/p elements reused by every step instead of a new one per step.
 
     Args:
         x: f32[N, ...] per device, N a multiple of p.
@@ -61,20 +63,25 @@ def ring_reduce_scatter(x: jax.Array, axis_name: str) -> jax.Array:
     chunks = x.reshape(p, x.shape[0] // p, *x.shape[1:])  # chunks: f32[p, N/p, ...]
     me = jax.lax.axis_index(axis_name)
 
-    def own_chunk(index):
+    def own_chunk(index):  # f32[N/p, ...], this device's chunk number index (mod p)
         return jax.lax.dynamic_index_in_dim(chunks, index % p, axis=0, keepdims=False)
 
-    # Start with chunk i-1; after step s the partial sum in hand is for chunk i-1-s, so after
-    # p-1 steps each device holds the complete sum of its own chunk i.
-    partial = own_chunk(me - 1)
-    for step in range(1, p):
-        partial = jax.lax.ppermute(partial, axis_name, _shift_by_one(p))
-        partial = partial + own_chunk(me - 1 - step)
-    return partial
+    def step(s, partial):
+        # partial: f32[N/p, ...], the sum of chunk i-s over devices i-s+1 .. i-1, sent on to
+        # the right; the one received from the left is chunk i-1-s, to which this device adds
+        # its own share.
+        return jax.lax.ppermute(partial, axis_name, _shift_by_one(p)) + own_chunk(me - 1 - s)
+
+    # Start with chunk i-1; after p-1 steps each device holds the complete sum of chunk i.
+    return jax.lax.fori_loop(1, p, step, own_chunk(me - 1))
 
 
 def ring_all_gather(x: jax.Array, axis_name: str) -> jax.Array:
     """Ring all-gather: p-1 steps, each passing one block to the next device.
+
+    Each received block is written once, in place, at its position in the output
+    (``dynamic_update_slice`` in a ``jax.lax.fori_loop``): no per-step copy of the whole buffer
+    and no final reordering.
 
     Args:
         x: f32[B, ...], this device's block.
@@ -87,14 +94,18 @@ def ring_all_gather(x: jax.Array, axis_name: str) -> jax.Array:
     p = jax.lax.axis_size(axis_name)
     if p == 1:
         return x
-    received = [x]  # after step s the block in hand came from device i-s
-    for _ in range(1, p):
-        received.append(jax.lax.ppermute(received[-1], axis_name, _shift_by_one(p)))
-    stacked = jnp.stack(received)  # stacked: f32[p, B, ...], stacked[s] = block of device i-s
     me = jax.lax.axis_index(axis_name)
-    # One gather puts block j at position j, instead of p updates of the whole buffer.
-    in_device_order = jnp.take(stacked, (me - jnp.arange(p)) % p, axis=0)
-    return in_device_order.reshape(p * x.shape[0], *x.shape[1:])
+    # gathered: f32[p, B, ...]; every slot starts as this device's block, which is right for
+    # slot i, and the other p-1 slots are overwritten by the blocks received.
+    gathered = jnp.broadcast_to(x, (p, *x.shape))
+
+    def step(s, carry):
+        block, gathered = carry
+        block = jax.lax.ppermute(block, axis_name, _shift_by_one(p))  # now device i-s's block
+        return block, jax.lax.dynamic_update_index_in_dim(gathered, block, (me - s) % p, axis=0)
+
+    _, gathered = jax.lax.fori_loop(1, p, step, (x, gathered))
+    return gathered.reshape(p * x.shape[0], *x.shape[1:])
 
 
 def ring_all_reduce(x: jax.Array, axis_name: str) -> jax.Array:
@@ -111,6 +122,32 @@ def ring_all_reduce(x: jax.Array, axis_name: str) -> jax.Array:
         f32[N, ...], the sum over devices, equal to ``jax.lax.psum(x, axis_name)``.
     """
     return ring_all_gather(ring_reduce_scatter(x, axis_name), axis_name)
+
+
+def ring_permutes_only(x: jax.Array, axis_name: str) -> jax.Array:
+    """The 2(p-1) messages of :func:`ring_all_reduce` and nothing else: its communication alone.
+
+    A control for timing the ring: the same ``ppermute`` steps on a chunk of N/p rows, in the
+    same loop, without the additions and without assembling the output. Whatever the ring costs
+    beyond this is its local work. The result is not an all-reduce.
+
+    Args:
+        x: f32[N, ...] per device, N a multiple of p.
+        axis_name: the mesh axis.
+
+    Returns:
+        f32[N/p, ...]: the first chunk of device ``i - 2(p-1) mod p``, after 2(p-1) steps.
+    """
+    p = jax.lax.axis_size(axis_name)
+    if p == 1:
+        return x
+    _check_splits(x, p, "ring_permutes_only")
+    chunk = x[: x.shape[0] // p]  # chunk: f32[N/p, ...]
+
+    def step(_, chunk):
+        return jax.lax.ppermute(chunk, axis_name, _shift_by_one(p))
+
+    return jax.lax.fori_loop(0, 2 * (p - 1), step, chunk)
 
 
 def recursive_doubling_all_reduce(x: jax.Array, axis_name: str) -> jax.Array:
