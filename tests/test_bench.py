@@ -246,3 +246,48 @@ def test_format_table_by_hand():
     assert lines[1].split() == ["1048576", "262144", "float32", "1000.0", "0%", "1.049", "1.835"]
     assert lines[2].split() == ["4096", "1024", "float32", "20.0", "50%", "0.205", "0.358"]
 
+
+
+# --- interleaved_ratios ---------------------------------------------------------------------
+
+class _FakeClock:
+    """perf_counter that advances only when a fake function 'runs' (no real timing involved)."""
+
+    def __init__(self):
+        self.now_s = 0.0
+
+    def perf_counter(self):
+        return self.now_s
+
+
+def test_interleaved_ratios_divides_each_runs_medians(monkeypatch):
+    clock = _FakeClock()
+    monkeypatch.setattr(bench, "time", clock)
+    calls = {"fast": 0, "slow": 0}
+    rounds_per_run = 1 + 5  # warmup + repeats
+
+    def fake(name, cost_s):
+        def fn(x):
+            run = calls[name] // rounds_per_run  # 0, 1, 2: the slow one gets slower each run
+            calls[name] += 1
+            clock.now_s += cost_s(run)
+            return x
+        return fn
+
+    fns = {"fast": fake("fast", lambda run: 1.0), "slow": fake("slow", lambda run: 2.0 + run)}
+    result = bench.interleaved_ratios(fns, 0, baseline="fast", runs=3, warmup=1, repeats=5)
+    assert list(result) == ["slow"]
+    assert result["slow"].ratios == (2.0, 3.0, 4.0)
+    assert (result["slow"].median, result["slow"].low, result["slow"].high) == (3.0, 2.0, 4.0)
+    assert str(result["slow"]) == "slow / fast: 3.00x (median of 3 runs; 2.00-4.00x)"
+    assert calls == {"fast": 18, "slow": 18}
+
+
+@pytest.mark.parametrize("fns, baseline, runs, message", [
+    ({"a": abs, "b": abs}, "c", 3, "baseline 'c' is not among the functions timed: a, b"),
+    ({"a": abs}, "a", 3, "at least one function to compare"),
+    ({"a": abs, "b": abs}, "a", 0, "runs must be at least 1"),
+])
+def test_interleaved_ratios_rejects_bad_arguments(fns, baseline, runs, message):
+    with pytest.raises(ValueError, match=message):
+        bench.interleaved_ratios(fns, 1.0, baseline=baseline, runs=runs)

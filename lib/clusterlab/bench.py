@@ -273,6 +273,73 @@ def time_interleaved(fns: dict[str, Callable[..., object]], *args, warmup: int =
     return {name: Timing(tuple(values)) for name, values in samples.items()}
 
 
+@dataclass(frozen=True)
+class RatioRuns:
+    """How many times as long one function took as a baseline, in several interleaved runs.
+
+    Attributes:
+        name: the function timed.
+        baseline: the function it is compared with.
+        ratios: per run, the function's median time over the baseline's median time.
+    """
+
+    name: str
+    baseline: str
+    ratios: tuple[float, ...]
+
+    @property
+    def median(self) -> float:
+        return float(np.median(self.ratios))
+
+    @property
+    def low(self) -> float:
+        return float(min(self.ratios))
+
+    @property
+    def high(self) -> float:
+        return float(max(self.ratios))
+
+    def __str__(self) -> str:
+        return (f"{self.name} / {self.baseline}: {self.median:.2f}x (median of {len(self.ratios)} "
+                f"runs; {self.low:.2f}-{self.high:.2f}x)")
+
+
+def interleaved_ratios(fns: dict[str, Callable[..., object]], *args, baseline: str,
+                       runs: int = 3, warmup: int = 2,
+                       repeats: int = 9) -> dict[str, RatioRuns]:
+    """Time functions against a baseline in several interleaved runs, and keep each run's ratios.
+
+    Each run is one :func:`time_interleaved` (every round calls every function once), so load
+    that changes during a run falls on all functions alike; repeating the run shows how much the
+    ratio itself moves. Report the median ratio with its range, never one run's.
+
+    Args:
+        fns: name -> function, each called as ``fn(*args)``; must include ``baseline``.
+        *args: the arguments every function gets.
+        baseline: the name of the function the others are divided by.
+        runs: independent interleaved runs (at least 1).
+        warmup: untimed rounds at the start of each run.
+        repeats: timed rounds per run.
+
+    Returns:
+        name -> :class:`RatioRuns`, for every function but the baseline.
+    """
+    if baseline not in fns:
+        raise ValueError(f"The baseline {baseline!r} is not among the functions timed: "
+                         f"{', '.join(fns)}. Pass one of them as baseline=.")
+    if len(fns) < 2:
+        raise ValueError("interleaved_ratios needs the baseline and at least one function to "
+                         "compare with it.")
+    if runs < 1:
+        raise ValueError(f"runs must be at least 1, got {runs}.")
+    ratios: dict[str, list[float]] = {name: [] for name in fns if name != baseline}
+    for _ in range(runs):
+        timings = time_interleaved(fns, *args, warmup=warmup, repeats=repeats)
+        for name in ratios:
+            ratios[name].append(timings[name].median_s / timings[baseline].median_s)
+    return {name: RatioRuns(name, baseline, tuple(values)) for name, values in ratios.items()}
+
+
 # ----------------------------------------------------------------------------------------------
 # The machine's own roofline: measured ceilings, and where a program lands under them.
 #
