@@ -82,8 +82,16 @@ def test_predict_by_hand_data_parallel_only():
     assert p.model_flops_per_step == pytest.approx(64 * 1024 * flops_per_token)
     assert p.compute_s == pytest.approx(64 * 1024 * flops_per_token / (16 * 989e12 * 0.5))
     grad_bytes = 2 * 1e9
-    expected_dp = costmodel.hierarchical_all_reduce_time(grad_bytes, 8, 2, 450e9, 50e9)
+    # One model behind it: cluster_collective on 2 nodes of 8 H100 with 8 NDR NICs each.
+    expected = costmodel.cluster_collective("all_reduce", grad_bytes, gpu="H100", n_nodes=2,
+                                            nic="IB-NDR", nics_per_node=8)
+    assert expected.algorithm == "ring"
+    expected_dp = expected.time_s
     assert p.dp_comm_s == pytest.approx(expected_dp)
+    # By hand: a ring over 16 GPUs at min(NVLink 370, 8 NICs x 47) = 370 GB/s busbw moving
+    # 2 (n-1)/n of the buffer, plus NCCL's ring latency (under 5% here).
+    bandwidth_s = 2 * 15 / 16 * grad_bytes / (370 / 450 * 450e9)
+    assert bandwidth_s < p.dp_comm_s < 1.05 * bandwidth_s
     assert p.tp_comm_s == 0 and p.bubble_s == 0
     assert p.load_s == pytest.approx(64 * 1024 * 4 / 1e9)
     assert p.data_wait_s == 0                                  # prefetching hides the load
@@ -108,8 +116,9 @@ def test_predict_by_hand_tensor_and_pipeline():
     # bubble: (p-1)/(m+p-1) of the pipeline's time
     assert p.bubble_s / (p.compute_s + p.tp_comm_s + p.bubble_s) == pytest.approx(3 / (8 + 3))
     # dp = 2 replicas of one stage are on different nodes (tp fills a node)
+    # (each GPU's own HDR NIC: a ring of 2 at 94% of 25 GB/s, NIC_EFFICIENCY, plus latency)
     assert p.dp_comm_s == pytest.approx(
-        costmodel.collective_time("all_reduce", 2 * 8e9 / 32, 2, 25e9))
+        costmodel.collective_time("all_reduce", 2 * 8e9 / 32, 2, 0.94 * 25e9), rel=0.01)
     assert p.states_bytes == pytest.approx(memory.training_memory_per_device(8e9 / 32, 2, 1))
     # full recomputation keeps each layer's input, split 8 ways (sequence parallel), for the
     # 8 layers of the first stage and the min(pp, m) = 4 micro-batches it holds at once

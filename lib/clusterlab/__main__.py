@@ -1,14 +1,19 @@
-"""Command line: ``python -m clusterlab bench OP --devices N --min 4K --max 64M`` and
-``python -m clusterlab plan --params 70e9 --tokens 2e12 --gpu H100 --gpus 1024``.
+"""Command line: ``python -m clusterlab bench OP --devices N --min 4K --max 64M``,
+``python -m clusterlab plan --params 70e9 --tokens 2e12 --gpu H100 --gpus 1024`` and
+``python -m clusterlab expect all_reduce --gpu H100 --nodes 4 --measured all_reduce.log``.
 
 ``bench`` prints an nccl-tests-style table for one collective on the devices JAX sees, or on
 simulated CPU devices when there are not enough. ``plan`` prints the planner's ranking of
 parallel layouts for a workload on a cluster (:mod:`clusterlab.plan`); it runs no JAX.
+``expect`` prints the bus bandwidth :func:`clusterlab.costmodel.cluster_collective` expects per
+message size, and with ``--measured`` holds an nccl-tests output against it; it runs no JAX.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import re
 import sys
 
 from clusterlab import collectives
@@ -43,7 +48,183 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--warmup", type=int, default=2)
     bench.add_argument("--repeats", type=int, default=5)
     _plan_parser(commands)
+    _expect_parser(commands)
     return parser
+
+
+EXPECT_OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")
+
+
+def _expect_parser(commands) -> None:
+    expect = commands.add_parser(
+        "expect", help="expected nccl-tests busbw for a cluster; judge a measured log",
+        description="Print the bus bandwidth (nccl-tests' busbw, GB/s) that "
+                    "clusterlab.costmodel.cluster_collective expects per message size, with a "
+                    "low-high band and the algorithm NCCL would pick. With --measured, read an "
+                    "nccl-tests *_perf output (its out-of-place busbw column) and give a "
+                    "verdict per size: normal, low (with likely causes) or high (above line "
+                    "rate: in-network reduction).")
+    expect.add_argument("op", choices=EXPECT_OPS)
+    expect.add_argument("--gpu", required=True, help="GPU name in clusterlab.hardware, e.g. H100")
+    expect.add_argument("--nodes", type=int, required=True, help="nodes")
+    expect.add_argument("--gpus-per-node", type=int, default=8, help="GPUs per node (8)")
+    expect.add_argument("--nic", default=None,
+                        help="NIC link in clusterlab.hardware.LINKS (IB-NDR when --nodes > 1)")
+    expect.add_argument("--nics-per-node", type=int, default=None,
+                        help="NICs per node NCCL uses (one per GPU)")
+    expect.add_argument("--sizes", default="1M,8M,64M,512M,4G",
+                        help="increasing sizes, powers of 1024 (1M,8M,64M,512M,4G)")
+    expect.add_argument("--measured", help="an nccl-tests *_perf output file to judge")
+    expect.add_argument("--json", action="store_true", help="print JSON instead of a table")
+
+
+_TAG = re.compile(r"\[\d+(?:,\d+)?\](?:<stdout>:)?")
+_NUMBER = re.compile(r"^-?[\d_]+(?:\.\d*)?(?:e[-+]?\d+)?$|^N/A$", re.IGNORECASE)
+
+
+def parse_nccl_tests(text: str) -> list[tuple[int, float]]:
+    """``(size_bytes, out-of-place busbw in GB/s)`` for each data row of an nccl-tests output.
+
+    Reads the table printed by any ``*_perf`` binary of nccl-tests: header lines start with
+    ``#``; each data row is ``size count type [redop] [root] time algbw busbw #wrong`` for the
+    out-of-place run, then the same four columns for the in-place run, so the out-of-place
+    busbw is the sixth column from the end. Tags that mpirun adds (``[0]``, ``[1,0]<stdout>:``)
+    and thousands separators (``1_048_576``) are removed; a table whose header names only
+    ``size time algbw busbw`` columns (a trimmed copy) is read by the header's column.
+
+    Args:
+        text: the whole output.
+
+    Returns:
+        The rows in file order; empty when the text holds no nccl-tests table.
+    """
+    rows, header = [], None
+    for raw in text.splitlines():
+        line = _TAG.sub(" ", raw).strip()
+        tokens = line.lstrip("#").split()
+        if "busbw" in tokens and "size" in tokens:
+            header = tokens
+            continue
+        if not tokens or line.startswith("#") or not tokens[0].replace("_", "").isdigit():
+            continue
+        if header is not None and len(tokens) == len(header):
+            value = tokens[header.index("busbw")]
+        elif len(tokens) >= 10 and header is not None:
+            value = tokens[-6]
+        else:
+            continue
+        try:
+            rows.append((int(tokens[0].replace("_", "")), float(value)))
+        except ValueError:
+            continue
+    return rows
+
+
+def _low_causes(n_nodes: int) -> str:
+    if n_nodes == 1:
+        return ("NVLink/NVSwitch degraded (nvidia-smi nvlink --status, fabric manager), NVLS "
+                "off (NCCL_NVLS_ENABLE=0), P2P disabled (NCCL_P2P_DISABLE/NCCL_P2P_LEVEL), "
+                "PCIe switch sharing")
+    return ("fewer NICs used than installed or a wrong HCA list (NCCL_IB_HCA; see the "
+            "NCCL INFO NET/IB line), no GPUDirect RDMA (nvidia-peermem not loaded), NICs "
+            "behind a shared PCIe switch or the CPU, NVLS/SHARP off (NCCL_NVLS_ENABLE, "
+            "NCCL_COLLNET_ENABLE)")
+
+
+def expect_rows(op: str, gpu: str, nodes: int, gpus_per_node: int, nic: str | None,
+                nics_per_node: int | None, sizes: list[int],
+                measured: dict[int, float] | None = None) -> list[dict]:
+    """The rows of ``expect``: the JSON schema of ``--json``, one dict per size.
+
+    Keys: size_bytes, expected_busbw_gbps, low_gbps, high_gbps, algorithm (with protocol),
+    measured_busbw_gbps and verdict (both None without a measurement). Verdict ``normal``
+    within the band, ``low`` below it (with likely causes), ``high`` above ``high_gbps``, the
+    line rate of the links a ring would use (only in-network reduction gets there).
+    """
+    from clusterlab import costmodel
+
+    if nodes > 1 and nic is None:
+        nic = "IB-NDR"
+    out = []
+    for size in sizes:
+        est = costmodel.cluster_collective(op, size, gpu=gpu, n_nodes=nodes,
+                                           gpus_per_node=gpus_per_node, nic=nic,
+                                           nics_per_node=nics_per_node)
+        row = {"size_bytes": int(size), "expected_busbw_gbps": round(est.busbw / 1e9, 2),
+               "low_gbps": round(est.low_busbw / 1e9, 2),
+               "high_gbps": round(est.high_busbw / 1e9, 2),
+               "algorithm": f"{est.algorithm}/{est.protocol}",
+               "measured_busbw_gbps": None, "verdict": None}
+        if measured is not None and size in measured:
+            value = measured[size]
+            row["measured_busbw_gbps"] = value
+            if value < row["low_gbps"]:
+                row["verdict"] = "low: " + _low_causes(nodes)
+            elif value > row["high_gbps"]:
+                row["verdict"] = ("high: above line rate, in-network reduction (NVLS, SHARP) or "
+                                  "a tree on 2 nodes")
+            else:
+                row["verdict"] = "normal"
+        out.append(row)
+    return out
+
+
+def _sizes(text: str) -> list[int]:
+    from clusterlab.bench import parse_size
+
+    sizes = [parse_size(part) for part in text.split(",") if part.strip()]
+    for before, after in zip(sizes, sizes[1:]):
+        if after <= before:
+            raise ValueError(f"--sizes must increase: {after} B comes after {before} B; write "
+                             "them smallest first, e.g. --sizes 1M,16M,256M.")
+    if not sizes:
+        raise ValueError("--sizes is empty; give sizes such as --sizes 1M,16M,256M.")
+    return sizes
+
+
+def _expect(args: argparse.Namespace) -> None:
+    from clusterlab import hardware
+
+    hardware.gpu(args.gpu)
+    if args.nic is not None:
+        hardware.link(args.nic)
+    if args.nodes < 1 or args.gpus_per_node < 1:
+        raise ValueError("--nodes and --gpus-per-node must be positive integers.")
+    measured = None
+    if args.measured:
+        try:
+            with open(args.measured, encoding="utf-8", errors="replace") as handle:
+                text = handle.read()
+        except OSError as error:
+            raise ValueError(f"Cannot read {args.measured}: {error.strerror}; give the path of "
+                             "a file holding an nccl-tests output (e.g. all_reduce_perf ... > "
+                             "log).") from None
+        parsed = parse_nccl_tests(text)
+        if not parsed:
+            raise ValueError(f"{args.measured} holds no nccl-tests table (rows of size, count, "
+                             "type, ..., time, algbw, busbw); give the output of an nccl-tests "
+                             "*_perf binary.")
+        measured = dict(parsed)
+        sizes = sorted(measured)
+    else:
+        sizes = _sizes(args.sizes)
+    rows = expect_rows(args.op, args.gpu, args.nodes, args.gpus_per_node, args.nic,
+                       args.nics_per_node, sizes, measured)
+    if args.json:
+        print(json.dumps({"rows": rows}, indent=1))
+        return
+    net = ("" if args.nodes == 1 else
+           f", {args.nics_per_node or args.gpus_per_node} x {args.nic or 'IB-NDR'} per node")
+    print(f"# expected {args.op} on {args.nodes} x {args.gpus_per_node} {args.gpu}{net} "
+          "(clusterlab.costmodel.cluster_collective); busbw in GB/s")
+    print(f"#{'size (B)':>13} {'algorithm':>14} {'expected':>9} {'low':>8} {'high':>8} "
+          f"{'measured':>9}  verdict")
+    for row in rows:
+        measured_text = ("" if row["measured_busbw_gbps"] is None
+                         else f"{row['measured_busbw_gbps']:.2f}")
+        print(f"{row['size_bytes']:>14} {row['algorithm']:>14} "
+              f"{row['expected_busbw_gbps']:9.2f} {row['low_gbps']:8.2f} "
+              f"{row['high_gbps']:8.2f} {measured_text:>9}  {row['verdict'] or ''}")
 
 
 def _plan_parser(commands) -> None:
@@ -139,6 +320,8 @@ def main(argv: list[str] | None = None) -> int:
             _bench(args)
         elif args.command == "plan":
             _plan(args)
+        elif args.command == "expect":
+            _expect(args)
     except ValueError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

@@ -358,7 +358,12 @@ def crossover_bytes(first: AlphaBeta, second: AlphaBeta) -> float:
 def hierarchical_all_reduce_time(nbytes: float, gpus_per_node: int, n_nodes: int,
                                  intra_bandwidth: float, inter_bandwidth: float, *,
                                  intra_latency: float = 0.0, inter_latency: float = 0.0) -> float:
-    """Two-level all-reduce: reduce-scatter inside each node, all-reduce across, all-gather inside.
+    """Two-level all-reduce run as three phases one after the other (lab 09's algorithm).
+
+    This prices :func:`clusterlab.collectives.hierarchical_all_reduce` as written: the phases
+    do not overlap, and latency is the caller's. It is *not* how NCCL runs an all-reduce across
+    nodes (channels per NIC, NVLink and network pipelined, NVLS): for that, and for every
+    cluster number in the chapters, the planner and the CLI, use :func:`cluster_collective`.
 
     After the ring reduce-scatter over the node's fast links (NVLink), GPU ``i`` of every node
     holds its node's sum of one ``1/gpus_per_node`` share; the GPUs with the same ``i`` (one per
@@ -650,7 +655,12 @@ def link_from_fit(fit: AlphaBeta, op: str, n: int, algorithm: str = "ring") -> t
 
 @dataclass(frozen=True)
 class TwoLevelModel:
-    """Links inside a host and between hosts, and the all-reduces they predict.
+    """Links inside a host and between hosts, fitted to measured sweeps, and the all-reduces
+    they predict.
+
+    This is lab 09's fitted two-level alpha-beta form (phases in sequence, one link rate per
+    level, no protocol or NVLS). It describes the hosts it was fitted on; to predict a real
+    cluster use :func:`cluster_collective`, the one model of NCCL across nodes.
 
     Attributes:
         devices_per_host: devices in one host (processes' local devices).
@@ -733,3 +743,451 @@ def fit_two_level(intra_nbytes: Sequence[float], intra_s: Sequence[float],
     inter_bw, inter_lat = link_from_fit(fit_alpha_beta(inter_nbytes, inter_s), "all_reduce",
                                         n_hosts)
     return TwoLevelModel(devices_per_host, n_hosts, intra_bw, intra_lat, inter_bw, inter_lat)
+
+
+# --- One model of collectives across nodes, the way NCCL runs them ------------------------------
+#
+# Achievable bandwidth as a fraction of line rate, each with the published row that sets it
+# (clusterlab.published.nccl_tests, role "set"); nothing below is fitted to a "test" row.
+
+#: Ring busbw over NVLink / NVSwitch as a fraction of the per-direction line rate: 370 of
+#: 450 GB/s on 8 H100 (S. Jeaugey, nccl-tests issue 212: "With the protocol overhead (~20%)
+#: NCCL can get an effective NVLink bandwidth of 370GB/s").
+NVLINK_EFFICIENCY = 370.0 / 450.0
+#: The same protocol overhead assumed for a PCIe host link (no published row sets it).
+PCIE_EFFICIENCY = NVLINK_EFFICIENCY
+#: NVLink SHARP (NVLS) all-reduce algbw as a fraction of the NVLink line rate: busbw ~480 GB/s
+#: on 8 H100, i.e. algbw 480 / (2*7/8) = 274 GB/s of 450 (nccl-tests issue 212: "a peak busBw
+#: of ~480GB/s (algbw ~275GB/s)"). NVLS sends each buffer to the switch once and receives the
+#: sum once, so its algbw, not its busbw, is what the links bound.
+NVLS_ALGBW_FRACTION = 480.0 / (2 * 7 / 8) / 450.0
+#: One NIC's achievable rate as a fraction of its line rate: "For NDR @ 400Gbps you should see
+#: 46-48GB/s per NIC" (D. Addison, nccl-tests issue 290): 47 of 50 GB/s.
+NIC_EFFICIENCY = 47.0 / 50.0
+#: Fewest GPUs of one node for which NCCL picks NVLS for an all-reduce (stas00/ml-engineering,
+#: network/README.md, section SHARP: Ring at 4 and NVLS from 5 GPUs on 8x H200, Ring up to 5
+#: and NVLS from 6 on 8x B200); H100 taken as H200 (same NVLink4 and NVSwitch).
+NVLS_MIN_GPUS = {"H100": 5, "H200": 5, "B200": 6}
+#: Fixed cost of one collective call beyond NCCL's own latency model (kernel launch, the
+#: benchmark's synchronisation), in seconds: fitted to the 8x H200 sweep at <= 16 MiB (rows
+#: with role "set"); :func:`fit_launch_overhead` recomputes it and a test checks it.
+LAUNCH_OVERHEAD_S = 15.5e-6
+
+PROTOCOLS = ("LL", "LL128", "Simple")
+CLUSTER_ALGORITHMS = ("ring", "tree", "nvls", "nvls_tree", "collnet", "pairwise")
+
+# NCCL's latency model, microseconds (src/graph/tuning.cc, commit 01afd20, the version in this
+# course's reference): base latency per algorithm and protocol, and per-hop latency per link
+# type. CollNet's row is used for NVLS/NVLS-tree, which that version predates.
+_BASE_LAT_US = {"tree": (4.4, 4.4, 0.0), "ring": (3.6, 10.0, 8.4), "collnet": (4.4, 4.4, 0.0)}
+_HW_LAT_US = {
+    "nvlink": {"tree": (0.52, 1.2, 28.0), "ring": (0.47, 1.9, 3.4), "collnet": (0.5, 1.2, 4.0)},
+    "pcie": {"tree": (1.0, 1.9, 28.0), "ring": (1.0, 2.5, 5.7), "collnet": (1.0, 1.9, 5.5)},
+    "net": {"tree": (5.0, 8.5, 50.0), "ring": (2.7, 4.0, 9.6), "collnet": (5.0, 5.0, 10.7)},
+}
+# Tree correction factor per log2(size/64) (NCCL tuning.cc, same commit), LL/LL128/Simple.
+_TREE_CORRECTION = {
+    "LL": (1.0, 1.0, 1.0, 1.0, .9, .8, .7, .7, .7, .7, .6, .5, .4, .4, .5, .6, .7, .8, .9, 1.0,
+           1.0, 1.0),
+    "LL128": (1.0, 1.0, 1.0, 1.0, 1.0, .9, .8, .8, .8, .7, .6, .6, .6, .5, .6, .6, .7, .7, .8,
+              .9, .9, 1.0),
+    "Simple": (.9, .9, .9, .9, .9, .9, .9, .8, .7, .6, .6, .5, .5, .5, .5, .5, .5, .6, .6, .7,
+               .8, .9),
+}
+#: The band of :class:`CollectiveEstimate`: a healthy measurement lies above
+#: ``expected * (1 - LOW_BAND)``. The widths cover the model's largest over-prediction of a
+#: published healthy row (:func:`validation_table`): +56% at 64 MiB (4 nodes of B200 on EFA),
+#: +30% from 256 MiB up (8x B200 with NVLS); below 1 MiB on EFA the model is far off and no
+#: band covers it.
+LOW_BAND_LARGE = 0.35         # messages >= 256 MiB
+LOW_BAND_SMALL = 0.7          # smaller messages
+
+
+@dataclass(frozen=True)
+class CollectiveEstimate:
+    """What :func:`cluster_collective` expects of one collective on one cluster.
+
+    Attributes:
+        op: the collective.
+        nbytes: buffer in bytes, as nccl-tests counts it (its ``size`` column).
+        n_nodes, gpus_per_node: the cluster (``n = n_nodes * gpus_per_node`` ranks).
+        time_s: expected seconds.
+        algbw: ``nbytes / time_s`` in bytes/s.
+        busbw: ``algbw * busbw_factor(op, n)`` in bytes/s (what nccl-tests prints).
+        algorithm: what NCCL would run: ring, tree, nvls, nvls_tree, collnet or pairwise.
+        protocol: LL, LL128 or Simple.
+        low_busbw: below this a measured busbw is low (the model's validated error).
+        high_busbw: the line-rate busbw of the links a ring (or NVLS) uses; above it a
+            measurement needs in-network reduction (NVLS, SHARP) or a 2-node tree.
+        bottleneck: "NVLink" (or the node link), "network", "PCIe", or "latency".
+    """
+
+    op: str
+    nbytes: float
+    n_nodes: int
+    gpus_per_node: int
+    time_s: float
+    algbw: float
+    busbw: float
+    algorithm: str
+    protocol: str
+    low_busbw: float
+    high_busbw: float
+    bottleneck: str
+
+    @property
+    def n_gpus(self) -> int:
+        return self.n_nodes * self.gpus_per_node
+
+
+@dataclass(frozen=True)
+class _Fabric:
+    intra_line: float       # node link per GPU per direction, bytes/s
+    intra_kind: str         # "nvlink" or "pcie"
+    net_line: float         # one node's network, all NICs, bytes/s (0 on one node)
+    pcie_line: float        # one GPU's host link, bytes/s
+    nvls: bool              # NVLS possible on this node
+
+
+def _fabric(gpu_spec, gpus_per_node, n_nodes, nic, nics_per_node, intra_node_link,
+            intra_node_bytes_per_s, network_bytes_per_s=None):
+    from clusterlab import hardware
+
+    if intra_node_bytes_per_s is not None:
+        intra_line, kind = _checks.positive("intra_node_bytes_per_s", intra_node_bytes_per_s), \
+            "nvlink"
+    elif intra_node_link is not None:
+        intra = hardware.link(intra_node_link)
+        intra_line, kind = intra.bytes_per_s, ("pcie" if intra.name.startswith("PCIe")
+                                               else "nvlink")
+    else:
+        intra_line, kind = gpu_spec.nvlink_bytes_per_s, "nvlink"
+    pcie_line = hardware.link(gpu_spec.pcie).bytes_per_s
+    net_line = 0.0
+    if n_nodes > 1 and network_bytes_per_s is not None:
+        if nic is not None:
+            raise ValueError("Give nic and nics_per_node, or network_bytes_per_s, not both.")
+        net_line = _checks.positive("network_bytes_per_s", network_bytes_per_s)
+    elif n_nodes > 1:
+        if nic is None:
+            raise ValueError(f"{n_nodes} nodes need a network: give nic (one of "
+                             f"{', '.join(hardware.LINKS)}) and nics_per_node.")
+        nics = gpus_per_node if nics_per_node is None else _checks.count("nics_per_node",
+                                                                         nics_per_node)
+        net_line = hardware.link(nic).bytes_per_s * nics
+    nvls = (kind == "nvlink" and intra_line == gpu_spec.nvlink_bytes_per_s
+            and gpus_per_node >= NVLS_MIN_GPUS.get(gpu_spec.name, 10**9))
+    return _Fabric(intra_line, kind, net_line, pcie_line, nvls)
+
+
+def _latency_s(algorithm, protocol, op, n_nodes, gpus_per_node, intra_kind, nbytes):
+    """NCCL's latency model (tuning.cc) for one algorithm and protocol, plus the launch cost."""
+    p = PROTOCOLS.index(protocol)
+    n = n_nodes * gpus_per_node
+    table = "collnet" if algorithm in ("nvls", "nvls_tree", "collnet") else (
+        "tree" if algorithm == "tree" else "ring")
+    intra = _HW_LAT_US[intra_kind][table][p] * (1.8 if n_nodes > 1 and protocol == "LL" else 1)
+    inter = _HW_LAT_US["net"][table][p]
+    base = _BASE_LAT_US[table][p]
+    if algorithm in ("ring", "pairwise"):
+        steps = {"all_reduce": 2 * (n - 1), "all_to_all": n - 1}.get(op, n - 1)
+        inter_steps = {"all_reduce": 2 * (n_nodes - 1)}.get(op, n_nodes - 1)
+        lat = base + (steps - inter_steps) * intra + inter_steps * inter
+        if (protocol == "Simple" and n_nodes > 1 and op == "all_reduce"
+                and nbytes >= n / 16 * 65536):
+            lat *= 1.9          # "plateau effect of ring" (tuning.cc)
+    elif algorithm in ("tree", "nvls_tree"):
+        lat = base + 2 * ((gpus_per_node - 1) * intra + math.log2(max(n_nodes, 1)) * inter)
+    elif algorithm == "nvls":       # no entry in that version: the ring's Simple latency
+        lat = _BASE_LAT_US["ring"][2] + 2 * (n - 1) * _HW_LAT_US[intra_kind]["ring"][2]
+    else:                           # collnet
+        lat = base + 2 * (gpus_per_node - 1) * intra + inter
+    return lat * 1e-6 + LAUNCH_OVERHEAD_S
+
+
+def _candidates(op, fabric, n_nodes, gpus_per_node, sharp, forced):
+    """(algorithm, protocol, busbw of Simple, bottleneck, high line-rate busbw) NCCL may run."""
+    n = n_nodes * gpus_per_node
+    intra = (NVLINK_EFFICIENCY if fabric.intra_kind == "nvlink" else PCIE_EFFICIENCY) * \
+        fabric.intra_line
+    intra_name = "NVLink" if fabric.intra_kind == "nvlink" else "PCIe"
+    net = 0.0
+    net_name = "network"
+    if n_nodes > 1:
+        nic_rate = NIC_EFFICIENCY * fabric.net_line
+        pcie_rate = PCIE_EFFICIENCY * fabric.pcie_line * gpus_per_node
+        net, net_name = (nic_rate, "network") if nic_rate <= pcie_rate else (pcie_rate, "PCIe")
+    out = []
+    if op == "all_to_all":
+        if n_nodes == 1:
+            out.append(("pairwise", intra, intra_name, fabric.intra_line))
+        else:
+            # Bytes per GPU: (g-1)/n of the buffer over the node link, (n-g)/n over its share
+            # of the network; both at once, so the slower sets the time.
+            t_intra = (gpus_per_node - 1) / n / intra
+            t_net = (n - gpus_per_node) / n / (net / gpus_per_node)
+            busbw = (n - 1) / n / max(t_intra, t_net)
+            out.append(("pairwise", busbw, intra_name if t_intra >= t_net else net_name,
+                        (n - 1) / n / max((gpus_per_node - 1) / n / fabric.intra_line,
+                                          (n - gpus_per_node) / n
+                                          / (fabric.net_line / gpus_per_node))))
+        return out
+    ring = intra if n_nodes == 1 else min(intra, net)
+    ring_line = fabric.intra_line if n_nodes == 1 else min(fabric.intra_line, fabric.net_line)
+    out.append(("ring", ring, intra_name if ring == intra else net_name, ring_line))
+    if op != "all_reduce":
+        return out
+    factor = busbw_factor("all_reduce", n)
+    nvls_algbw = NVLS_ALGBW_FRACTION * fabric.intra_line
+    if n_nodes == 1 and fabric.nvls:
+        out.append(("nvls", nvls_algbw * factor, "NVLink", factor * fabric.intra_line))
+    if n_nodes > 1:
+        # Tree: NCCL prices it at 0.9 of the intra-node speed on <= 2 nodes, of the slower of
+        # intra and inter beyond (tuning.cc); each node's NICs carry the buffer once each way,
+        # so its algbw cannot pass the node's network.
+        capacity = intra if n_nodes <= 2 else min(intra, net)
+        tree = min(0.9 * capacity, factor * net, (110e9 if n_nodes <= 2 else 80e9))
+        out.append(("tree", tree, intra_name if capacity == intra else net_name, ring_line))
+        if fabric.nvls and forced == "nvls_tree":
+            nvls_node = nvls_algbw * busbw_factor("all_reduce", gpus_per_node)
+            nvls_tree = 0.9 * min(nvls_node, net)
+            out.append(("nvls_tree", nvls_tree, "network" if net < nvls_node else "NVLink",
+                        ring_line))
+        if sharp:
+            intra_algbw = nvls_algbw if fabric.nvls else intra / busbw_factor(
+                "all_reduce", max(gpus_per_node, 2))
+            collnet = 0.9 * min(fabric.net_line * NIC_EFFICIENCY, intra_algbw) * factor
+            out.append(("collnet", collnet, "network", ring_line))
+    return out
+
+
+def _protocol_busbw(algorithm, protocol, busbw, op, n_nodes, nvlink):
+    """Scale a Simple-protocol busbw to LL/LL128 as NCCL's tuning model does."""
+    if protocol == "Simple":
+        return busbw
+    if algorithm in ("nvls", "nvls_tree", "collnet", "pairwise"):
+        return 0.0                               # Simple only in this model
+    if protocol == "LL128":
+        if not nvlink:
+            return 0.0                           # LL128 is enabled only over NVLink
+        return busbw * (0.915 if algorithm == "tree" else 0.92)
+    if algorithm == "tree":
+        return busbw / 3.8
+    return busbw * (0.25 if n_nodes > 1 or op == "all_reduce" else 1 / 3)
+
+
+def cluster_collective(op: str, nbytes: float, *, gpu, n_nodes: int = 1,
+                       gpus_per_node: int = 8, nic: str | None = None,
+                       nics_per_node: int | None = None, intra_node_link: str | None = None,
+                       intra_node_bytes_per_s: float | None = None,
+                       network_bytes_per_s: float | None = None, algorithm: str = "auto",
+                       protocol: str = "auto", sharp: bool = False) -> CollectiveEstimate:
+    """Expected time and bus bandwidth of one NCCL collective on ``n_nodes x gpus_per_node`` GPUs.
+
+    The model follows how NCCL runs a collective:
+
+    * **Inside a node** every GPU drives its NVLink (or PCIe) at ``NVLINK_EFFICIENCY`` of line
+      rate; on H100/H200/B200 nodes NCCL picks **NVLS** (NVLink SHARP, the NVSwitch reduces)
+      for an all-reduce over at least ``NVLS_MIN_GPUS`` GPUs, whose algbw is
+      ``NVLS_ALGBW_FRACTION`` of the NVLink line rate.
+    * **Across nodes** NCCL runs rings (and trees) on many channels, each leaving the node
+      through one NIC, so all ``nics_per_node`` NICs work in parallel: a node's network moves
+      ``nics_per_node * NIC_EFFICIENCY * NIC line rate``, capped by the GPUs' PCIe links. The
+      NVLink and NIC phases of a channel are pipelined, so the **slower phase sets the time**
+      (a ring's busbw is ``min(NVLink, node network)``), not their sum. A tree (and NVLS-tree
+      on NVLS nodes) is priced as NCCL's tuning model prices it; IB SHARP (CollNet) is an
+      option (``sharp=True``).
+    * **Latency** is NCCL's own per-algorithm, per-protocol model (LL, LL128, Simple; base plus
+      per-hop latency from ``tuning.cc``) plus ``LAUNCH_OVERHEAD_S``; the protocol changes the
+      bandwidth too (LL: a quarter, LL128: 92%). ``algorithm="auto"``/``protocol="auto"``
+      take the fastest pair, as NCCL's tuner does.
+
+    Every efficiency is set by one published measurement (``role="set"`` rows of
+    :mod:`clusterlab.published.nccl_tests`); :func:`validation_table` compares the model with
+    the other rows.
+
+    Args:
+        op: ``"all_reduce"``, ``"all_gather"``, ``"reduce_scatter"`` or ``"all_to_all"``.
+        nbytes: the buffer in bytes, as nccl-tests' ``size`` column counts it.
+        gpu: a name in :data:`clusterlab.hardware.GPUS` or a :class:`~clusterlab.hardware.GPU`.
+        n_nodes: nodes.
+        gpus_per_node: GPUs taking part in each node.
+        nic: a name in :data:`clusterlab.hardware.LINKS` for one NIC port (needed when
+            ``n_nodes > 1``), e.g. ``"IB-NDR"``, ``"Ethernet-100G"``.
+        nics_per_node: NICs per node NCCL uses; default one per GPU.
+        intra_node_link: a name in ``LINKS`` replacing the GPU's NVLink (e.g. ``"PCIe4x16"``).
+        intra_node_bytes_per_s: or the node link's per-direction line rate directly (NVLS
+            stays possible only at the GPU's own NVLink rate).
+        network_bytes_per_s: instead of ``nic``/``nics_per_node``: the line rate of all of a
+            node's NICs together, per direction (what :class:`clusterlab.plan.Hardware`
+            holds as ``fabric_bytes_per_s * gpus_per_node``).
+        algorithm: ``"auto"`` or one of :data:`CLUSTER_ALGORITHMS` to force it (as
+            ``NCCL_ALGO`` does); ``"collnet"`` needs ``sharp=True``.
+        protocol: ``"auto"`` or one of :data:`PROTOCOLS` (as ``NCCL_PROTO``).
+        sharp: whether the network reduces in its switches (InfiniBand SHARP, NCCL CollNet).
+
+    Returns:
+        A :class:`CollectiveEstimate` (time, algbw, busbw, algorithm, protocol, band).
+
+    Raises:
+        ValueError: unknown names, a network missing for several nodes, or an algorithm that
+            does not apply (e.g. NVLS across nodes, NVLS on a GPU without it).
+
+    References:
+        NVIDIA NCCL, ``src/graph/tuning.cc`` (latency and protocol model);
+        Jeaugey, "Massively Scale Your Deep Learning Training with NCCL 2.4", NVIDIA blog, 2019
+        (channels, trees); nccl-tests ``doc/PERFORMANCE.md`` (algbw, busbw); the published
+        rows in :mod:`clusterlab.published.nccl_tests`.
+    """
+    from clusterlab import hardware
+
+    if op not in ("all_reduce", "all_gather", "reduce_scatter", "all_to_all"):
+        raise ValueError(f"cluster_collective prices all_reduce, all_gather, reduce_scatter "
+                         f"and all_to_all, got {op!r}.")
+    nbytes = _checks.positive("nbytes", nbytes)
+    n_nodes = _checks.count("n_nodes", n_nodes)
+    gpus_per_node = _checks.count("gpus_per_node", gpus_per_node)
+    gpu_spec = gpu if isinstance(gpu, hardware.GPU) else hardware.gpu(gpu)
+    if algorithm != "auto" and algorithm not in CLUSTER_ALGORITHMS:
+        raise ValueError(f"Unknown algorithm {algorithm!r}; use 'auto' or one of "
+                         f"{', '.join(CLUSTER_ALGORITHMS)}.")
+    if protocol != "auto" and protocol not in PROTOCOLS:
+        raise ValueError(f"Unknown protocol {protocol!r}; use 'auto' or one of "
+                         f"{', '.join(PROTOCOLS)}.")
+    fabric = _fabric(gpu_spec, gpus_per_node, n_nodes, nic, nics_per_node, intra_node_link,
+                     intra_node_bytes_per_s, network_bytes_per_s)
+    n = n_nodes * gpus_per_node
+    if n == 1:
+        return CollectiveEstimate(op, nbytes, n_nodes, gpus_per_node, 0.0, math.inf, math.inf,
+                                  "none", "none", math.inf, math.inf, "none")
+    candidates = _candidates(op, fabric, n_nodes, gpus_per_node, sharp, algorithm)
+    if algorithm != "auto":
+        candidates = [c for c in candidates if c[0] == algorithm]
+        if not candidates:
+            raise ValueError(f"NCCL cannot run {op} with algorithm {algorithm!r} on "
+                             f"{n_nodes} x {gpus_per_node} {gpu_spec.name}"
+                             + (" (collnet needs sharp=True)" if algorithm == "collnet" else "")
+                             + "; use algorithm='auto'.")
+    factor = busbw_factor(op, n)
+    best = None
+    for name, busbw_simple, bottleneck, line in candidates:
+        for proto in (PROTOCOLS if protocol == "auto" else (protocol,)):
+            busbw_p = _protocol_busbw(name, proto, busbw_simple, op, n_nodes,
+                                      fabric.intra_kind == "nvlink")
+            if busbw_p <= 0:
+                continue
+            algbw_p = busbw_p / factor
+            if name == "tree":
+                log_size = int(math.log2(max(nbytes / 64, 1)))
+                if log_size < 22:
+                    algbw_p *= _TREE_CORRECTION[proto][log_size]
+            latency = _latency_s(name, proto, op, n_nodes, gpus_per_node, fabric.intra_kind,
+                                 nbytes)
+            seconds = latency + nbytes / algbw_p
+            if best is None or seconds < best[0]:
+                best = (seconds, name, proto, bottleneck, line, latency)
+    if best is None:
+        raise ValueError(f"No protocol {protocol!r} for {algorithm!r} here; use "
+                         "protocol='auto'.")
+    seconds, name, proto, bottleneck, line, latency = best
+    if latency > seconds / 2:
+        bottleneck = "latency"
+    alg = nbytes / seconds
+    bus = alg * factor
+    low = bus * (1 - (LOW_BAND_LARGE if nbytes >= 256 * 2**20 else LOW_BAND_SMALL))
+    return CollectiveEstimate(op, nbytes, n_nodes, gpus_per_node, seconds, alg, bus, name, proto,
+                              low, max(line, bus), bottleneck)
+
+
+def all_reduce_time(nbytes: float, *, gpu, n_nodes: int, gpus_per_node: int = 8,
+                    nic: str | None = None, nics_per_node: int | None = None,
+                    intra_node_link: str | None = None,
+                    intra_node_bytes_per_s: float | None = None,
+                    network_bytes_per_s: float | None = None, sharp: bool = False) -> float:
+    """Seconds of an all-reduce of ``nbytes`` per GPU: ``cluster_collective(...).time_s``."""
+    return cluster_collective("all_reduce", nbytes, gpu=gpu, n_nodes=n_nodes,
+                              gpus_per_node=gpus_per_node, nic=nic, nics_per_node=nics_per_node,
+                              intra_node_link=intra_node_link,
+                              intra_node_bytes_per_s=intra_node_bytes_per_s,
+                              network_bytes_per_s=network_bytes_per_s, sharp=sharp).time_s
+
+
+@dataclass(frozen=True)
+class ValidationRow:
+    """One published measurement beside the model (:func:`validation_table`)."""
+
+    system: str
+    op: str
+    size_bytes: int
+    published_gbps: float
+    model_gbps: float
+    model_algorithm: str
+    role: str
+    source: str
+
+    @property
+    def error(self) -> float:
+        """``(model - published) / published``; +0.1: the model expects 10% more busbw."""
+        return (self.model_gbps - self.published_gbps) / self.published_gbps
+
+
+def _model_row(row) -> ValidationRow:
+    estimate = cluster_collective(
+        row.op, row.size_bytes, gpu=row.gpu, n_nodes=row.n_nodes,
+        gpus_per_node=row.gpus_per_node, nic=row.nic,
+        nics_per_node=row.nics_per_node or None,
+        intra_node_bytes_per_s=row.intra_node_link_bytes_per_s,
+        algorithm="auto" if row.algorithm == "auto" else row.algorithm)
+    return ValidationRow(row.system, row.op, row.size_bytes, row.busbw_gbps,
+                         estimate.busbw / 1e9, estimate.algorithm, row.role, row.source)
+
+
+def validation_table(role: str | None = "test") -> list[ValidationRow]:
+    """The model beside every published nccl-tests row (of one role, by default the tests).
+
+    Args:
+        role: ``"test"`` (rows nothing was fitted to), ``"set"`` (rows that set a parameter)
+            or None (all).
+
+    Returns:
+        One :class:`ValidationRow` per published row, in the order of
+        :data:`clusterlab.published.nccl_tests.ROWS`.
+    """
+    from clusterlab.published import nccl_tests
+
+    return [_model_row(row) for row in nccl_tests.rows(role)]
+
+
+def median_abs_error(rows: Sequence[ValidationRow], *, min_bytes: float = 0,
+                     max_bytes: float = math.inf) -> float:
+    """Median of ``|error|`` over the rows whose size lies in ``[min_bytes, max_bytes]``."""
+    errors = [abs(r.error) for r in rows if min_bytes <= r.size_bytes <= max_bytes]
+    if not errors:
+        raise ValueError(f"No rows between {min_bytes} and {max_bytes} bytes.")
+    return float(np.median(errors))
+
+
+def fit_launch_overhead(step_s: float = 0.5e-6, max_s: float = 100e-6) -> float:
+    """Refit :data:`LAUNCH_OVERHEAD_S` on the ``role="set"`` sweep rows (<= 16 MiB).
+
+    Tries overheads from 0 to ``max_s`` in steps of ``step_s`` and keeps the one with the
+    smallest median ``|log(model / published)|`` over those rows.
+
+    Returns:
+        The overhead in seconds (the module constant is this value, rounded to ``step_s``).
+    """
+    global LAUNCH_OVERHEAD_S
+    from clusterlab.published import nccl_tests
+
+    sweep = [r for r in nccl_tests.rows("set") if r.size_bytes <= 16 * 2**20]
+    saved, best = LAUNCH_OVERHEAD_S, (math.inf, 0.0)
+    try:
+        for k in range(int(round(max_s / step_s)) + 1):
+            LAUNCH_OVERHEAD_S = k * step_s
+            score = float(np.median([abs(math.log(_model_row(r).model_gbps / r.busbw_gbps))
+                                     for r in sweep]))
+            if score < best[0] - 1e-12:
+                best = (score, LAUNCH_OVERHEAD_S)
+    finally:
+        LAUNCH_OVERHEAD_S = saved
+    return best[1]

@@ -25,6 +25,7 @@ class GPU:
     nvlink_bytes_per_s: float      # NVLink per GPU, per direction
     nvlink_generation: int
     source: str                    # datasheet, key in references.bib
+    pcie: str = "PCIe5x16"         # key in LINKS: the GPU's host link (GPU-NIC traffic crosses it)
 
 
 @dataclass(frozen=True)
@@ -41,11 +42,12 @@ GPUS: dict[str, GPU] = {
     gpu.name: gpu for gpu in (
         GPU("V100", memory_bytes=32e9, hbm_bytes_per_s=900e9, bf16_flops=125e12,
             nvlink_bytes_per_s=150e9, nvlink_generation=2,
-            source="NVIDIA Tesla V100 datasheet (SXM2; FP16 tensor, V100 has no BF16) "
-                   "[nvidia_v100_datasheet]"),
+            source="NVIDIA Tesla V100 datasheet (SXM2; FP16 tensor, V100 has no BF16; PCIe "
+                   "Gen3) [nvidia_v100_datasheet]", pcie="PCIe3x16"),
         GPU("A100", memory_bytes=80e9, hbm_bytes_per_s=2.039e12, bf16_flops=312e12,
             nvlink_bytes_per_s=300e9, nvlink_generation=3,
-            source="NVIDIA A100 datasheet (80GB SXM) [nvidia_a100_datasheet]"),
+            source="NVIDIA A100 datasheet (80GB SXM; PCIe Gen4) [nvidia_a100_datasheet]",
+            pcie="PCIe4x16"),
         GPU("H100", memory_bytes=80e9, hbm_bytes_per_s=3.35e12, bf16_flops=989e12,
             nvlink_bytes_per_s=450e9, nvlink_generation=4,
             source="NVIDIA H100 datasheet (SXM5; 1,979 TFLOPS is with sparsity) "

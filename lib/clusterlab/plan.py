@@ -9,7 +9,7 @@ Two levels:
   batch) on :class:`Hardware` (GPU, GPUs per node, node interconnect, fabric, storage) under a
   :class:`Layout` (data, tensor and pipeline parallel degrees, ZeRO stage) gives a :class:`Plan`:
   memory per device, a step split into compute, tensor-parallel all-reduces (inside a node),
-  the pipeline bubble, the data-parallel all-reduce (two-level, NVLink then fabric) and waiting
+  the pipeline bubble, the data-parallel all-reduce (:func:`clusterlab.costmodel.cluster_collective`) and waiting
   for storage; MFU, time to train and the bottleneck. :func:`predict` prices one layout,
   :func:`rank_layouts` all layouts that fit, :func:`gpus_needed` the smallest cluster that meets
   a deadline.
@@ -81,8 +81,7 @@ def data_parallel_step(n_params: float, tokens_per_step: float, n_devices: int, 
         gpu: the device, for its peak BF16 FLOP/s.
         compute_efficiency: e, the fraction of peak the matrix multiplications reach.
         all_reduce_s: time of the gradient all-reduce, e.g. from
-            :func:`clusterlab.costmodel.collective_time` or
-            :func:`clusterlab.costmodel.hierarchical_all_reduce_time`.
+            :func:`clusterlab.costmodel.all_reduce_time` (the one model across nodes).
         overlap: the fraction of the all-reduce hidden behind the backward pass, in [0, 1].
 
     Returns:
@@ -414,6 +413,32 @@ class Plan:
                 "storage": "storage"}[largest]
 
 
+def dp_all_reduce_s(nbytes: float, local: int, nodes: int, hw: Hardware) -> float:
+    """Seconds of the data-parallel all-reduce of ``nbytes`` per GPU on the cluster ``hw``.
+
+    One data-parallel group has ``local`` GPUs in each of ``nodes`` nodes; it uses their share
+    of the node's NICs (``local * fabric_bytes_per_s``). Priced by
+    :func:`clusterlab.costmodel.cluster_collective`, the one model of NCCL across nodes
+    (NVLink and network pipelined, all NICs in parallel, NVLS where NCCL picks it, latency by
+    protocol); ``hw.intra_node_latency_s`` and ``hw.fabric_latency_s`` are not used by it.
+
+    Args:
+        nbytes: the gradient bytes each GPU all-reduces.
+        local: GPUs of the group in one node.
+        nodes: nodes the group spans.
+        hw: the cluster.
+
+    Returns:
+        Seconds; 0 for a group of one GPU.
+    """
+    if local * nodes == 1:
+        return 0.0
+    return costmodel.all_reduce_time(
+        nbytes, gpu=hw.gpu, n_nodes=nodes, gpus_per_node=local,
+        intra_node_bytes_per_s=hw.intra_node_bytes_per_s,
+        network_bytes_per_s=(hw.fabric_bytes_per_s * local if nodes > 1 else None))
+
+
 def _dp_placement(layout: Layout, hw: Hardware) -> tuple[int, int]:
     """(replicas of one data-parallel group inside a node, nodes the group spans)."""
     local = math.gcd(layout.dp, max(1, hw.gpus_per_node // layout.tp))
@@ -463,9 +488,9 @@ def predict(workload: Workload, hw: Hardware, layout: Layout,
       on different nodes, not hidden;
     * pipeline bubble: ``(p-1)/(v m)`` of compute and tensor-parallel time, i.e. the fraction
       ``(p-1)/(v m + p - 1)`` of the pipeline's time;
-    * data parallel: :func:`clusterlab.costmodel.hierarchical_all_reduce_time` of the GPU's
-      BF16 gradients (inside a node, then across nodes), x 1.5 for ZeRO-3 (its extra parameter
-      all-gather), of which ``1 - dp_overlap`` is exposed;
+    * data parallel: :func:`dp_all_reduce_s` (:func:`clusterlab.costmodel.cluster_collective`)
+      of the GPU's BF16 gradients, x 1.5 for ZeRO-3 (its extra parameter all-gather), of which
+      ``1 - dp_overlap`` is exposed;
     * storage: the step's ``tokens * bytes_per_token`` at the storage's read throughput,
       prefetched: only the excess over the rest of the step is waited for.
 
@@ -530,9 +555,7 @@ def predict(workload: Workload, hw: Hardware, layout: Layout,
     if layout.dp > 1:
         grad_bytes = params_per_gpu * BYTES_PER_VALUE
         local, nodes = _dp_placement(layout, hw)
-        all_reduce_s = costmodel.hierarchical_all_reduce_time(
-            grad_bytes, local, nodes, hw.intra_node_bytes_per_s, hw.fabric_bytes_per_s,
-            intra_latency=hw.intra_node_latency_s, inter_latency=hw.fabric_latency_s)
+        all_reduce_s = dp_all_reduce_s(grad_bytes, local, nodes, hw)
         dp_s = (1.5 if layout.zero_stage == 3 else 1.0) * all_reduce_s
         dp_s *= 1 - assumptions.dp_overlap
 

@@ -1,0 +1,1 @@
+"""Published measurements the models are checked against (see :mod:`.nccl_tests`)."""
