@@ -173,3 +173,27 @@ def test_reference_train_with_transformer_loss():
 def test_reference_train_needs_batches():
     with pytest.raises(ValueError, match="no batches"):
         models.reference_train(small_mlp(), [])
+
+
+def test_reference_gradients_is_the_gradient_of_the_batch_loss():
+    params = small_mlp()
+    x, y = models.synthetic_regression(jax.random.key(2), n_samples=8, d_model=D)
+    grads = models.reference_gradients(params, x, y)
+    expected = jax.grad(models.mse_loss)(params, x, y)
+    for got, want in zip(jax.tree.leaves(grads), jax.tree.leaves(expected)):
+        assert isinstance(got, np.ndarray)
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-7)
+    # the mean over halves of the batch: what data parallelism's all-reduce computes
+    halves = [models.reference_gradients(params, x[i:i + 4], y[i:i + 4]) for i in (0, 4)]
+    mean = jax.tree.map(lambda a, b: (a + b) / 2, *halves)
+    assert models.max_abs_diff(mean, grads) < 1e-5
+    assert models.max_abs_diff(jax.tree.map(lambda a, b: a + b, *halves), grads) > 1e-3
+
+
+def test_stack_copies():
+    tree = {"a": np.arange(3.0), "b": np.ones((2, 2))}
+    stacked = models.stack_copies(tree, 4)
+    assert stacked["a"].shape == (4, 3) and stacked["b"].shape == (4, 2, 2)
+    np.testing.assert_array_equal(stacked["a"][3], tree["a"])
+    with pytest.raises(ValueError, match="n must be a positive integer"):
+        models.stack_copies(tree, 0)

@@ -8,10 +8,11 @@ import math
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from clusterlab import collectives, costmodel, devices, models
+from clusterlab import check, collectives, costmodel, devices, models
 from clusterlab.parallel import data
 from conftest import reference_run, sub_mesh
 
@@ -287,3 +288,90 @@ def test_gradient_all_reduce_alone(problem):
                     else math.ceil(data.gradient_bytes(params) / bucket_bytes))
         assert len(ops) == expected
         assert sum(op.bytes for op in ops) == data.gradient_bytes(params)
+
+
+# --- Gradients against one device: where a wrong factor of p shows ---------------------------
+
+def _gradients(dp, problem):
+    params, batches = problem[0], problem[1]
+    state = dp.init(params)
+    return dp.gradients(state[0], *dp.place_batch(*batches[0]))
+
+
+@pytest.mark.parametrize("n", [2, 8])
+@pytest.mark.parametrize("form", data.FORMS)
+def test_each_devices_gradient_equals_the_single_device_gradient(problem, form, n):
+    params, batches = problem[0], problem[1]
+    dp = data.make_data_parallel(form, models.mse_loss, problem[2], sub_mesh(n, AXIS),
+                                 axis_name=AXIS)
+    reference = models.reference_gradients(params, *batches[0])
+    per_device = _gradients(dp, problem)
+    assert jax.tree.leaves(per_device)[0].shape[0] == n  # one row per device
+    check.verify_close(f"{form} on {n}", per_device, models.stack_copies(reference, n),
+                       rtol=1e-5)
+
+
+@pytest.mark.parametrize("form", ["pmap", "shard_map"])
+def test_summed_gradients_are_caught_p_times_too_large(problem, form):
+    params, batches = problem[0], problem[1]
+    n = 4
+    dp = data.make_data_parallel(form, models.mse_loss, problem[2], sub_mesh(n, AXIS),
+                                 axis_name=AXIS, reduce="sum")
+    reference = models.reference_gradients(params, *batches[0])
+    per_device = _gradients(dp, problem)
+    caught = check.verify_catches("sum for mean", lambda: check.verify_close(
+        "gradients", per_device, models.stack_copies(reference, n), rtol=1e-5))
+    assert "relative difference 3.0e+00" in str(caught)  # (p - 1): p times the mean
+    for got, want in zip(jax.tree.leaves(per_device), jax.tree.leaves(reference)):
+        np.testing.assert_allclose(got, n * np.broadcast_to(want, got.shape), rtol=1e-4,
+                                   atol=1e-6)
+
+
+def test_unsynchronized_gradients_are_caught(problem):
+    params, batches = problem[0], problem[1]
+    dp = data.shard_map_data_parallel(models.mse_loss, problem[2], sub_mesh(4, AXIS),
+                                      axis_name=AXIS, sync_gradients=False)
+    reference = models.reference_gradients(params, *batches[0])
+    per_device = _gradients(dp, problem)
+    check.verify_catches("no gradient sync", lambda: check.verify_close(
+        "gradients", per_device, models.stack_copies(reference, 4), rtol=1e-5))
+    rows = jax.tree.leaves(per_device)[0]
+    assert np.max(np.abs(rows[0] - rows[1])) > 1e-3  # each device kept its own slice's
+
+
+def test_sgd_training_equals_one_device_and_sees_a_sum():
+    """Plain SGD, unlike Adam, passes a gradient's scale into the parameters."""
+    params, batches, optimizer, reference, _ = reference_run(
+        d_model=D, d_hidden=H, n_blocks=BLOCKS, batch=BATCH, steps=3, n_samples=96)
+    sgd = optax.sgd(0.5)
+    reference, _ = models.reference_train(params, batches, optimizer=sgd)
+    mesh = sub_mesh(4, AXIS)
+    for reduce in data.REDUCTIONS:
+        dp = data.shard_map_data_parallel(models.mse_loss, sgd, mesh, axis_name=AXIS,
+                                          reduce=reduce)
+        trained, _ = data.train(dp, params, batches)
+        check_it = lambda: check.verify_close("SGD", trained, reference, rtol=1e-5)  # noqa: E731
+        if reduce == "mean":
+            check_it()
+        else:
+            check.verify_catches("sum for mean under SGD", check_it)
+
+
+def test_reduce_must_be_mean_or_sum():
+    with pytest.raises(ValueError, match="reduce must be 'mean'.*got 'avg'"):
+        data.shard_map_data_parallel(models.mse_loss, models.make_optimizer(), sub_mesh(2, AXIS),
+                                     axis_name=AXIS, reduce="avg")
+
+
+def test_replication_check_rejects_a_step_without_the_all_reduce(problem):
+    """check_vma=True is what lets the synced step claim replicated parameters (out_specs P())."""
+    params, batches, optimizer = problem[0], problem[1], problem[2]
+    mesh = sub_mesh(4, AXIS)
+    unsynced = jax.shard_map(
+        data._local_step(models.mse_loss, optimizer, AXIS, sync_gradients=False), mesh=mesh,
+        in_specs=(P(), P(), P(AXIS), P(AXIS)), out_specs=(P(), P(), P()))
+    dp = data.shard_map_data_parallel(models.mse_loss, optimizer, mesh, axis_name=AXIS)
+    state, batch = dp.init(params), dp.place_batch(*batches[0])
+    with pytest.raises(ValueError, match="out_specs"):
+        jax.jit(unsynced)(*state, *batch)
+    dp.step(*state, *batch)  # the synced step passes the same check

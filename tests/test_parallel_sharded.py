@@ -7,10 +7,11 @@ import functools
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from clusterlab import collectives, costmodel, devices, memory, models
+from clusterlab import check, collectives, costmodel, devices, memory, models
 from clusterlab.parallel import sharded
 from conftest import DEVICES, reference_run, sub_mesh
 
@@ -149,3 +150,85 @@ def test_flatten_roundtrip():
     flat, unravel = sharded.flatten_blocks(params)
     assert flat.shape == (N_BLOCKS, 2 * D * H + H + D)
     assert models.max_abs_diff(sharded.unflatten_blocks(flat, unravel), params) == 0.0
+
+
+# --- Gradients against one device: a shard's gradient not divided by p is caught -------------
+
+def _stage_gradients(sdp, params, batch):
+    flat, _ = sdp.init(params)
+    return sdp.gradients(flat, *sdp.place_batch(*batch))
+
+
+@pytest.mark.parametrize("stage", [0, 1, 2, 3])
+def test_each_stage_applies_the_single_device_gradient_and_a_sum_is_caught(stage):
+    params, batches, optimizer, _, _ = _setup()
+    reference = models.reference_gradients(params, *batches[0])
+    mesh = sub_mesh(4, "data")
+    for reduce in ("mean", "sum"):
+        sdp = sharded.make_sharded_data_parallel(params, mesh, "data", zero_stage=stage,
+                                                 optimizer=optimizer, reduce=reduce)
+        grads = _stage_gradients(sdp, params, batches[0])
+        check_it = functools.partial(check.verify_close, f"stage {stage}", grads, reference,
+                                     rtol=1e-5)
+        if reduce == "mean":
+            check_it()
+        else:
+            caught = check.verify_catches("shard gradient not divided by p", check_it)
+            assert "relative difference 3.0e+00" in str(caught)  # p - 1 with p = 4
+
+
+def test_automatic_gradients_equal_single_device():
+    params, batches, optimizer, _, _ = _setup()
+    sdp = sharded.make_sharded_data_parallel(params, sub_mesh(8, "data"), "data", zero_stage=3,
+                                             optimizer=optimizer, automatic=True)
+    check.verify_close("automatic", _stage_gradients(sdp, params, batches[0]),
+                       models.reference_gradients(params, *batches[0]), rtol=1e-5)
+    with pytest.raises(ValueError, match="hand-written step"):
+        sharded.make_sharded_data_parallel(params, sub_mesh(8, "data"), "data", automatic=True,
+                                           reduce="sum")
+
+
+def test_zero3_sgd_equals_single_device_and_sees_the_missing_division():
+    """Plain SGD passes the gradient's scale into the parameters, where Adam hides it."""
+    params, batches, _, _, _ = _setup()
+    sgd = optax.sgd(0.2)
+    reference, _ = models.reference_train(params, batches[:3], optimizer=sgd)
+    for reduce in ("mean", "sum"):
+        sdp = sharded.make_sharded_data_parallel(params, sub_mesh(4, "data"), "data",
+                                                 zero_stage=3, optimizer=sgd, reduce=reduce)
+        trained, _ = sharded.train(sdp, params, batches[:3])
+        check_it = functools.partial(check.verify_close, "ZeRO-3 SGD", trained, reference,
+                                     rtol=1e-5)
+        if reduce == "mean":
+            check_it()
+        else:
+            check.verify_catches("shard gradient not divided by p, SGD", check_it)
+
+
+@pytest.mark.parametrize("shape", [(2, 4), (4, 2)])
+def test_2d_gradients_equal_single_device_and_a_sum_over_data_is_caught(shape):
+    params, batches, _, _, _ = _setup()
+    mesh = devices.mesh(shape, ("data", "model"), DEVICES)
+    reference = models.reference_gradients(params, *batches[0])
+    placed = sharded.shard_2d(params, mesh, model_axis="model")
+    batch = sharded.place_2d_batch(*batches[0], mesh, data_axis="data")
+    for reduce in ("mean", "sum"):
+        grads = sharded.make_2d_gradients(params, mesh, data_axis="data", model_axis="model",
+                                          reduce=reduce)(placed, *batch)
+        check_it = functools.partial(check.verify_close, f"2-D {shape}", grads, reference,
+                                     rtol=1e-5)
+        if reduce == "mean":
+            check_it()
+        else:
+            caught = check.verify_catches("sum over the data axis", check_it)
+            assert f"relative difference {shape[0] - 1:.1e}" in str(caught)
+
+
+def test_2d_batch_must_split_and_reduce_is_named():
+    params, batches, _, _, _ = _setup()
+    mesh = devices.mesh((2, 4), ("data", "model"), DEVICES)
+    with pytest.raises(ValueError, match="multiple of 2"):
+        sharded.place_2d_batch(batches[0][0][:5], batches[0][1][:5], mesh, data_axis="data")
+    with pytest.raises(ValueError, match="reduce must be"):
+        sharded.make_2d_train_step(params, mesh, data_axis="data", model_axis="model",
+                                   reduce="max")

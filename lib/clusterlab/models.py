@@ -345,6 +345,47 @@ def reference_train(params: Params, batches: Iterable[tuple[jax.Array, jax.Array
     return params, losses
 
 
+def reference_gradients(params: Params, x: jax.Array, y: jax.Array, *,
+                        loss_fn: LossFn = mse_loss) -> Params:
+    """The gradient of the loss on the whole batch, on one device: what parallel steps must apply.
+
+    Checking a parallel step's gradients against this one sees the bugs Adam hides: Adam
+    divides each update by the gradient's running size, so a gradient ``p`` times too large
+    (summed instead of averaged over ``p`` devices) trains to almost the same parameters, while
+    the gradients themselves differ by a factor of ``p``.
+
+    Args:
+        params: the model's parameters (one copy).
+        x: f32[B, ...], the global batch.
+        y: f32[B, ...], its targets.
+        loss_fn: ``loss_fn(params, x, y) -> f32[]`` (default :func:`mse_loss`).
+
+    Returns:
+        The gradient, a pytree shaped like ``params``, as NumPy arrays on the host.
+    """
+    device = jax.devices()[0]
+    grads = jax.jit(jax.grad(loss_fn))(*jax.device_put((params, x, y), device))
+    return jax.tree.map(np.asarray, jax.device_get(grads))
+
+
+def stack_copies(tree: Params, n: int) -> Params:
+    """``n`` copies of every leaf stacked along a new leading axis: f32[...] -> f32[n, ...].
+
+    What ``n`` devices that all hold ``tree`` hold together; compare a parallel step's per-device
+    gradients (one row per device) with ``stack_copies(reference_gradients(...), p)``.
+
+    Args:
+        tree: a pytree of arrays.
+        n: how many copies, at least 1.
+
+    Returns:
+        The pytree of NumPy arrays, each leaf ``[n, *leaf.shape]`` (read-only broadcast views).
+    """
+    n = _checks.count("n", n)
+    return jax.tree.map(lambda leaf: np.broadcast_to(np.asarray(leaf), (n, *np.shape(leaf))),
+                        tree)
+
+
 def param_count(params: Params) -> int:
     """The number of scalars in a parameter pytree."""
     return sum(int(leaf.size) for leaf in jax.tree.leaves(params))

@@ -19,8 +19,14 @@ The three forms build the same step and differ in who writes the communication:
 
 Each maker returns a :class:`DataParallel`: ``init`` lays out parameters and optimizer state,
 ``place_batch`` splits a global batch, ``step(params, opt_state, x, y) -> (params, opt_state,
-loss)`` trains one step, ``gather`` returns one copy of the parameters. :func:`train` runs N steps
-like ``reference_train``.
+loss)`` trains one step, ``gradients`` returns the gradient each device hands its optimizer (to
+check against :func:`clusterlab.models.reference_gradients`, where a wrong factor of p shows),
+``gather`` returns one copy of the parameters. :func:`train` runs N steps like
+``reference_train``.
+
+Replication checking: the ``shard_map`` step runs with ``check_vma=True`` (shard_map's
+default), so JAX proves that the parameters it returns as replicated (``out_specs=P()``) are the
+same on every device, which they are only after the gradient all-reduce.
 
 References:
     Li et al., "PyTorch Distributed: Experiences on Accelerating Data Parallel Training",
@@ -37,6 +43,7 @@ from typing import Callable, Iterable, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
@@ -44,6 +51,7 @@ from clusterlab import collectives, models
 from clusterlab.devices import axis_size as _axis_size
 
 FORMS = ("pmap", "shard_map", "jit")
+REDUCTIONS = ("mean", "sum")
 
 LossFn = Callable[..., jax.Array]
 
@@ -61,6 +69,10 @@ class DataParallel(NamedTuple):
             ``.lower`` works, so :func:`clusterlab.collectives.compiled_collectives` can read it.
         gather: ``gather(params) -> params``: one copy of the parameters.
         loss_value: ``loss_value(loss) -> f32[]``: the step's loss as one scalar.
+        gradients: ``gradients(params, x, y) -> grads``, with ``params`` as ``init`` lays them
+            out and ``x, y`` as ``place_batch`` does: the gradient each device hands its
+            optimizer in ``step`` (after the all-reduce, computed by the same code), as NumPy
+            arrays with one row per device, each leaf f32[p, ...].
     """
 
     form: str
@@ -70,6 +82,7 @@ class DataParallel(NamedTuple):
     step: Callable
     gather: Callable
     loss_value: Callable
+    gradients: Callable
 
 
 def check_batch(batch_size: int, n_devices: int) -> None:
@@ -88,27 +101,62 @@ def check_batch(batch_size: int, n_devices: int) -> None:
             f", or a device count that divides {batch_size} (e.g. {fits[-1]}).")
 
 
+def check_reduce(reduce: str) -> None:
+    """Raise a ValueError unless ``reduce`` names a gradient reduction, "mean" or "sum"."""
+    if reduce not in REDUCTIONS:
+        raise ValueError(f"reduce must be 'mean' (the gradient of the global batch's mean loss, "
+                         f"for a loss_fn that is a mean over its batch) or 'sum' (for a loss_fn "
+                         f"already divided by the global batch size); got {reduce!r}.")
+
+
 def _update(optimizer: optax.GradientTransformation, params, opt_state, grads):
     updates, opt_state = optimizer.update(grads, opt_state, params)
     return optax.apply_updates(params, updates), opt_state
 
 
-def _local_step(loss_fn: LossFn, optimizer: optax.GradientTransformation, axis_name: str, *,
-                bucket_bytes: int | None = None, sync_gradients: bool = True) -> Callable:
-    """The per-device step of the pmap and shard_map forms."""
-    def step(params, opt_state, x, y):
-        # params: replicated; x: f32[B/p, ...], y: f32[B/p, ...] this device's slice
-        loss, grads = jax.value_and_grad(loss_fn)(params, x, y)  # grads of the local mean
+def _local_gradients(loss_fn: LossFn, axis_name: str, *, bucket_bytes: int | None = None,
+                     sync_gradients: bool = True, reduce: str = "mean") -> Callable:
+    """The per-device gradient of the pmap and shard_map forms: ``(params, x, y) -> (loss, grads)``.
+
+    The step and :attr:`DataParallel.gradients` both call it, so checking the gradients checks
+    the step's own reduction.
+    """
+    def gradients(params, x, y):
+        # params: replicated; x: f32[B/p, ...], y: f32[B/p, ...] this device's slice.
+        # pcast: each device differentiates its own copy, so the gradient stays its local
+        # batch's (varying over axis_name) until the explicit all-reduce below. Without it,
+        # check_vma's transpose of the implicit copy of a replicated parameter would insert a
+        # psum by itself: a sum over devices, p times the gradient of the mean loss.
+        local = jax.lax.pcast(params, axis_name, to="varying")
+        loss, grads = jax.value_and_grad(loss_fn)(local, x, y)  # grads of the local mean
         if sync_gradients:
-            grads = collectives.all_reduce_gradients(grads, axis_name, bucket_bytes=bucket_bytes)
-        loss = jax.lax.pmean(loss, axis_name)  # the global batch's loss, for reporting
+            grads = collectives.all_reduce_gradients(grads, axis_name, bucket_bytes=bucket_bytes,
+                                                     mean=reduce == "mean")
+        return jax.lax.pmean(loss, axis_name), grads  # the global batch's loss, for reporting
+    return gradients
+
+
+def _local_step(loss_fn: LossFn, optimizer: optax.GradientTransformation, axis_name: str,
+                **gradient_options) -> Callable:
+    """The per-device step of the pmap and shard_map forms."""
+    gradients = _local_gradients(loss_fn, axis_name, **gradient_options)
+
+    def step(params, opt_state, x, y):
+        loss, grads = gradients(params, x, y)
         params, opt_state = _update(optimizer, params, opt_state, grads)
         return params, opt_state, loss
     return step
 
 
+def _device_rows(tree) -> object:
+    """Each device's copy of replicated arrays, read from their shards: leaves f32[p, ...]."""
+    return jax.tree.map(
+        lambda leaf: np.stack([np.asarray(s.data) for s in leaf.addressable_shards]), tree)
+
+
 def pmap_data_parallel(loss_fn: LossFn, optimizer: optax.GradientTransformation, mesh: Mesh, *,
-                       axis_name: str, bucket_bytes: int | None = None) -> DataParallel:
+                       axis_name: str, bucket_bytes: int | None = None,
+                       reduce: str = "mean") -> DataParallel:
     """Data parallelism with ``jax.pmap``: per-device code, ``pmean`` of the gradients.
 
     Parameters and optimizer state carry a leading device axis (one copy per device), the batch
@@ -121,18 +169,24 @@ def pmap_data_parallel(loss_fn: LossFn, optimizer: optax.GradientTransformation,
         axis_name: the mesh's axis, the name ``pmean`` reduces over.
         bucket_bytes: bucket the gradient all-reduce (see
             :func:`clusterlab.collectives.all_reduce_gradients`).
+        reduce: as in :func:`shard_map_data_parallel`.
 
     Returns:
         The :class:`DataParallel` of the pmap form.
     """
     p = _axis_size(mesh, axis_name)
+    check_reduce(reduce)
     if mesh.devices.ndim != 1:
         raise ValueError(f"The pmap form runs over one axis; got a mesh of shape "
                          f"{dict(mesh.shape)}. Use a 1-D mesh, or the shard_map or jit form.")
     devices = list(mesh.devices.flat)
     stacked = NamedSharding(mesh, P(axis_name))  # a leading axis of p, one slice per device
-    step = jax.pmap(_local_step(loss_fn, optimizer, axis_name, bucket_bytes=bucket_bytes),
+    options = dict(bucket_bytes=bucket_bytes, reduce=reduce)
+    step = jax.pmap(_local_step(loss_fn, optimizer, axis_name, **options),
                     axis_name=axis_name, devices=devices)
+    local_gradients = _local_gradients(loss_fn, axis_name, **options)
+    per_device_gradients = jax.pmap(lambda params, x, y: local_gradients(params, x, y)[1],
+                                    axis_name=axis_name, devices=devices)
 
     def put_stacked(a: jax.Array) -> jax.Array:
         return jax.device_put(a, stacked)
@@ -150,13 +204,15 @@ def pmap_data_parallel(loss_fn: LossFn, optimizer: optax.GradientTransformation,
 
     return DataParallel("pmap", p, init, place_batch, step,
                         gather=lambda params: jax.tree.map(lambda a: a[0], params),
-                        loss_value=lambda loss: loss[0])
+                        loss_value=lambda loss: loss[0],
+                        gradients=lambda params, x, y: jax.tree.map(
+                            np.asarray, per_device_gradients(params, x, y)))
 
 
 def shard_map_data_parallel(loss_fn: LossFn, optimizer: optax.GradientTransformation,
                             mesh: Mesh, *, axis_name: str, bucket_bytes: int | None = None,
                             combine_all_reduces: bool = True,
-                            sync_gradients: bool = True) -> DataParallel:
+                            sync_gradients: bool = True, reduce: str = "mean") -> DataParallel:
     """Data parallelism with ``jax.shard_map``: the gradient all-reduce written out.
 
     Args:
@@ -171,24 +227,38 @@ def shard_map_data_parallel(loss_fn: LossFn, optimizer: optax.GradientTransforma
             keeps one all-reduce per bucket (or per leaf).
         sync_gradients: False leaves the gradient all-reduce out: each device then updates
             with its own gradients and the replicas drift apart. Only for timing the step
-            without its communication.
+            without its communication, and as the negative control of a check against one
+            device.
+        reduce: ``"mean"`` averages the devices' gradients (``pmean``), right for a ``loss_fn``
+            that is a mean over its batch slice; ``"sum"`` adds them (``psum``), right only for a
+            loss already divided by the global batch size: with a mean loss it applies ``p``
+            times the gradient (the bug that a check of the gradients catches and a check of
+            Adam's parameters barely sees).
 
     Returns:
         The :class:`DataParallel` of the shard_map form.
     """
     p = _axis_size(mesh, axis_name)
+    check_reduce(reduce)
     replicated = NamedSharding(mesh, P())
     batch_sharding = NamedSharding(mesh, P(axis_name))
-    # check_vma=False: gradients of the replicated parameters stay per device (the local
-    # batch's), and the all-reduce is the explicit one in the step. With check_vma=True JAX would
-    # insert that psum itself when differentiating.
+    options = dict(bucket_bytes=bucket_bytes, sync_gradients=sync_gradients, reduce=reduce)
+    # check_vma=True proves that the parameters returned as replicated (out_specs P()) are the
+    # same on every device. Without the all-reduce they are not, and JAX would reject the step
+    # at trace time; the sync_gradients=False variant exists to time the step without its
+    # communication (and to show a check catching the drift), so only it runs unchecked.
     per_device = jax.shard_map(
-        _local_step(loss_fn, optimizer, axis_name, bucket_bytes=bucket_bytes,
-                    sync_gradients=sync_gradients),
+        _local_step(loss_fn, optimizer, axis_name, **options),
         mesh=mesh, in_specs=(P(), P(), P(axis_name), P(axis_name)), out_specs=(P(), P(), P()),
-        check_vma=False)
-    options = None if combine_all_reduces else collectives.SEPARATE_ALL_REDUCES
-    step = jax.jit(per_device, compiler_options=options)
+        check_vma=sync_gradients)
+    compiler_options = None if combine_all_reduces else collectives.SEPARATE_ALL_REDUCES
+    step = jax.jit(per_device, compiler_options=compiler_options)
+    local_gradients = _local_gradients(loss_fn, axis_name, **options)
+    # one row per device (out_specs P(axis)): replicated or not, every device's copy comes back
+    per_device_gradients = jax.jit(jax.shard_map(
+        lambda params, x, y: jax.tree.map(lambda g: g[None], local_gradients(params, x, y)[1]),
+        mesh=mesh, in_specs=(P(), P(axis_name), P(axis_name)), out_specs=P(axis_name)),
+        compiler_options=compiler_options)
 
     def init(params):
         return jax.device_put((params, optimizer.init(params)), replicated)
@@ -198,7 +268,9 @@ def shard_map_data_parallel(loss_fn: LossFn, optimizer: optax.GradientTransforma
         return jax.device_put((x, y), batch_sharding)  # each device: f32[B/p, ...]
 
     return DataParallel("shard_map", p, init, place_batch, step, gather=lambda params: params,
-                        loss_value=lambda loss: loss)
+                        loss_value=lambda loss: loss,
+                        gradients=lambda params, x, y: jax.tree.map(
+                            np.asarray, per_device_gradients(params, x, y)))
 
 
 def jit_data_parallel(loss_fn: LossFn, optimizer: optax.GradientTransformation, mesh: Mesh, *,
@@ -233,6 +305,10 @@ def jit_data_parallel(loss_fn: LossFn, optimizer: optax.GradientTransformation, 
     step = jax.jit(global_step, in_shardings=(replicated, replicated, batch_sharding,
                                               batch_sharding),
                    out_shardings=(replicated, replicated, replicated), compiler_options=options)
+    # the same gradient the step computes, laid out as the step lays it out (replicated)
+    global_gradients = jax.jit(jax.grad(loss_fn), in_shardings=(replicated, batch_sharding,
+                                                                batch_sharding),
+                               out_shardings=replicated, compiler_options=options)
 
     def init(params):
         return jax.device_put((params, optimizer.init(params)), replicated)
@@ -242,7 +318,9 @@ def jit_data_parallel(loss_fn: LossFn, optimizer: optax.GradientTransformation, 
         return jax.device_put((x, y), batch_sharding)
 
     return DataParallel("jit", p, init, place_batch, step, gather=lambda params: params,
-                        loss_value=lambda loss: loss)
+                        loss_value=lambda loss: loss,
+                        gradients=lambda params, x, y: _device_rows(
+                            global_gradients(params, x, y)))
 
 
 def make_data_parallel(form: str, loss_fn: LossFn, optimizer: optax.GradientTransformation,
@@ -252,7 +330,7 @@ def make_data_parallel(form: str, loss_fn: LossFn, optimizer: optax.GradientTran
     Args:
         form: ``"pmap"``, ``"shard_map"`` or ``"jit"``.
         loss_fn, optimizer, mesh, axis_name: as in the makers.
-        **options: e.g. ``bucket_bytes`` or ``combine_all_reduces``.
+        **options: e.g. ``bucket_bytes``, ``combine_all_reduces`` or ``reduce``.
     """
     makers = {"pmap": pmap_data_parallel, "shard_map": shard_map_data_parallel,
               "jit": jit_data_parallel}
@@ -277,11 +355,13 @@ def make_gradient_all_reduce(mesh: Mesh, *, axis_name: str, bucket_bytes: int | 
         (or per leaf, or combined by XLA).
     """
     _axis_size(mesh, axis_name)
-    # check_vma=False: the replicated input stands for p different per-device gradients
-    fn = jax.shard_map(
-        lambda grads: collectives.all_reduce_gradients(grads, axis_name,
-                                                       bucket_bytes=bucket_bytes),
-        mesh=mesh, in_specs=P(), out_specs=P(), check_vma=False)
+
+    def mean_of_copies(grads):
+        # the replicated input stands for p different per-device gradients: pcast types it so
+        grads = jax.lax.pcast(grads, axis_name, to="varying")
+        return collectives.all_reduce_gradients(grads, axis_name, bucket_bytes=bucket_bytes)
+
+    fn = jax.shard_map(mean_of_copies, mesh=mesh, in_specs=P(), out_specs=P())
     return jax.jit(fn, compiler_options=None if combine_all_reduces
                    else collectives.SEPARATE_ALL_REDUCES)
 

@@ -31,6 +31,13 @@ buffer that a framework like PyTorch holds between the backward pass and the opt
 2-D parallelism (:func:`make_2d_train_step`) runs data parallelism over one mesh axis and
 Megatron tensor parallelism (:mod:`clusterlab.parallel.tensor`) over the other.
 
+Every step comes with a function that returns the gradient its optimizer receives, computed by
+the same code, to check against :func:`clusterlab.models.reference_gradients`: Adam hides a
+wrong factor of p in the gradients (a shard's gradient not divided by p), the gradients do not.
+``reduce="sum"`` injects exactly that bug on purpose. Replication checking (``check_vma=True``,
+shard_map's default) is on wherever JAX 0.10.2 can prove the outputs' layout; the one place it
+stays off (the all-gather of updated parameters in stages 1 and 2) says why.
+
 References:
     Rajbhandari, Rasley, Ruwase & He, "ZeRO: Memory Optimizations Toward Training Trillion
     Parameter Models", SC 2020. https://arxiv.org/abs/1910.02054
@@ -54,7 +61,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from clusterlab import collectives, devices, models
 from clusterlab.devices import axis_size as _axis_size
-from clusterlab.parallel import tensor
+from clusterlab.parallel import data, tensor
 
 ZERO_STAGES = (0, 1, 2, 3)
 Params = object
@@ -149,6 +156,10 @@ class ShardedDataParallel(NamedTuple):
         step: ``step(flat, opt_state, x, y) -> (flat, opt_state, losses)``, compiled, with
             ``losses`` f32[p], each device's loss on its batch shard (their mean is the loss).
         gather: ``gather(flat) -> list of block dicts`` on the host.
+        gradients: ``gradients(flat, x, y) -> list of block dicts`` on the host, with ``flat``
+            as ``init`` lays it out and ``x, y`` as ``place_batch`` does: the gradient the
+            step's optimizer receives (computed by the same code), assembled from the devices'
+            shards (stages 1-3) or their one replicated copy (stage 0).
     """
 
     zero_stage: int
@@ -158,6 +169,7 @@ class ShardedDataParallel(NamedTuple):
     place_batch: Callable
     step: Callable
     gather: Callable
+    gradients: Callable
 
 
 def _param_spec(zero_stage: int, axis_name: str) -> P:
@@ -171,7 +183,8 @@ def _state_spec(zero_stage: int, axis_name: str) -> P:
 def make_sharded_data_parallel(params: Sequence[dict], mesh: Mesh, axis_name: str, *,
                                zero_stage: int = 3,
                                optimizer: optax.GradientTransformation | None = None,
-                               automatic: bool = False) -> ShardedDataParallel:
+                               automatic: bool = False,
+                               reduce: str = "mean") -> ShardedDataParallel:
     """Data parallelism with ZeRO stage 0-3 over ``axis_name``, by hand or by the compiler.
 
     The hand-written step (``automatic=False``) is a ``jax.shard_map`` over the data axis:
@@ -194,6 +207,10 @@ def make_sharded_data_parallel(params: Sequence[dict], mesh: Mesh, axis_name: st
         optimizer: an element-wise ``optax`` optimizer; default
             :func:`clusterlab.models.make_optimizer` (Adam).
         automatic: leave the communication to the compiler.
+        reduce: ``"mean"`` divides the gradients summed over the devices by p, right for this
+            module's mean loss; ``"sum"`` leaves the sum (for a loss already divided by the
+            global batch size). With the mean loss ``"sum"`` is the ZeRO bug of a shard's
+            gradient not divided by p; only the hand-written step has the choice.
 
     Returns:
         A :class:`ShardedDataParallel`.
@@ -204,6 +221,12 @@ def make_sharded_data_parallel(params: Sequence[dict], mesh: Mesh, axis_name: st
     """
     if zero_stage not in ZERO_STAGES:
         raise ValueError(f"zero_stage must be one of {ZERO_STAGES}, got {zero_stage!r}.")
+    data.check_reduce(reduce)
+    if automatic and reduce != "mean":
+        raise ValueError("reduce applies to the hand-written step; with automatic=True the "
+                         "compiler derives the reduction from the mean loss. Use "
+                         "automatic=False to choose it.")
+    mean = reduce == "mean"
     p = _axis_size(mesh, axis_name)
     optimizer = models.make_optimizer() if optimizer is None else optimizer
     flat0, unravel = flatten_blocks(params)
@@ -212,21 +235,30 @@ def make_sharded_data_parallel(params: Sequence[dict], mesh: Mesh, axis_name: st
     state_specs = jax.tree.map(lambda leaf: state_spec if leaf.ndim == 2 else P(),
                                jax.eval_shape(optimizer.init, flat0))
     batch_spec = P(axis_name)
+    grad_spec = P() if zero_stage == 0 else P(None, axis_name)  # the gradient the update gets
 
-    def local_step(flat, opt_state, x, y):
-        # x, y: f32[B/p, D]; flat: f32[L, F/p] (stage 3) or f32[L, F]; opt_state: f32[L, F/p]
-        # leaves (stages >= 1) or f32[L, F]
+    def local_gradients(flat, x, y):
+        # x, y: f32[B/p, D]; flat: f32[L, F/p] (stage 3) or f32[L, F] replicated. Returns this
+        # device's loss and the gradient its optimizer gets: f32[L, F] (stage 0) or f32[L, F/p].
         if zero_stage == 3:
             loss, grads = jax.value_and_grad(_gathered_loss)(flat, x, y, unravel, axis_name)
-            grads = grads / p  # gather_params' backward summed over devices: f32[L, F/p]
-            updates, opt_state = optimizer.update(grads, opt_state, flat)
-            return optax.apply_updates(flat, updates), opt_state, loss[None]
-        loss, grads = jax.value_and_grad(_flat_loss)(flat, x, y, unravel)  # grads: f32[L, F]
+            # gather_params' backward summed the devices' gradients: f32[L, F/p]
+            return loss, grads / p if mean else grads
+        # pcast: differentiate this device's own copy, so the gradient stays its batch shard's
+        # until the explicit collective (check_vma would otherwise insert a psum itself)
+        local = jax.lax.pcast(flat, axis_name, to="varying")
+        loss, grads = jax.value_and_grad(_flat_loss)(local, x, y, unravel)  # grads: f32[L, F]
         if zero_stage == 0:
-            grads = collectives.all_reduce_gradients(grads, axis_name)
+            return loss, collectives.all_reduce_gradients(grads, axis_name, mean=mean)
+        return loss, collectives.reduce_scatter_gradients(grads, axis_name, axis=1,
+                                                          mean=mean)  # f32[L, F/p]
+
+    def local_step(flat, opt_state, x, y):
+        # opt_state: f32[L, F/p] leaves (stages >= 1) or f32[L, F]
+        loss, grads = local_gradients(flat, x, y)
+        if zero_stage in (0, 3):
             updates, opt_state = optimizer.update(grads, opt_state, flat)
             return optax.apply_updates(flat, updates), opt_state, loss[None]
-        grads = collectives.reduce_scatter_gradients(grads, axis_name, axis=1)  # f32[L, F/p]
         width = flat.shape[1] // p
         mine = jax.lax.dynamic_slice_in_dim(flat, jax.lax.axis_index(axis_name) * width, width,
                                             axis=1)  # mine: f32[L, F/p]
@@ -234,24 +266,37 @@ def make_sharded_data_parallel(params: Sequence[dict], mesh: Mesh, axis_name: st
         mine = optax.apply_updates(mine, updates)
         return collectives.gather_params(mine, axis_name, 1), opt_state, loss[None]  # f32[L, F]
 
+    def named(spec_tree):
+        return jax.tree.map(lambda s: NamedSharding(mesh, s), spec_tree,
+                            is_leaf=lambda v: isinstance(v, P))
+
     if automatic:
         def global_step(flat, opt_state, x, y):
             loss, grads = jax.value_and_grad(_flat_loss)(flat, x, y, unravel)
             updates, opt_state = optimizer.update(grads, opt_state, flat)
             return optax.apply_updates(flat, updates), opt_state, loss[None]
 
-        def named(spec_tree):
-            return jax.tree.map(lambda s: NamedSharding(mesh, s), spec_tree,
-                                is_leaf=lambda v: isinstance(v, P))
-
         step = jax.jit(global_step,
                        in_shardings=(named(param_spec), named(state_specs), named(batch_spec),
                                      named(batch_spec)),
                        out_shardings=(named(param_spec), named(state_specs), named(P())))
+        global_gradients = jax.jit(
+            lambda flat, x, y: jax.grad(_flat_loss)(flat, x, y, unravel),
+            in_shardings=(named(param_spec), named(batch_spec), named(batch_spec)),
+            out_shardings=named(param_spec))
     else:
+        # check_vma=False only for stages 1 and 2: their updated parameter slices are
+        # all-gathered into the whole parameters, returned as replicated (out_specs P()), and
+        # jax.lax.all_gather is typed Varying -> Varying; JAX 0.10.2 has no public all-gather
+        # whose result is typed replicated, so the check cannot prove that claim. Stages 0 and 3
+        # return nothing they cannot prove, and run checked.
         step = jax.jit(jax.shard_map(
             local_step, mesh=mesh, in_specs=(param_spec, state_specs, batch_spec, batch_spec),
-            out_specs=(param_spec, state_specs, P(axis_name)), check_vma=False))
+            out_specs=(param_spec, state_specs, P(axis_name)),
+            check_vma=zero_stage in (0, 3)))
+        global_gradients = jax.jit(jax.shard_map(
+            lambda flat, x, y: local_gradients(flat, x, y)[1], mesh=mesh,
+            in_specs=(param_spec, batch_spec, batch_spec), out_specs=grad_spec))
 
     def init(unsharded_params):
         flat, _ = flatten_blocks(unsharded_params)
@@ -268,7 +313,11 @@ def make_sharded_data_parallel(params: Sequence[dict], mesh: Mesh, axis_name: st
     def gather(flat):
         return unflatten_blocks(np.asarray(jax.device_get(flat)), unravel)
 
-    return ShardedDataParallel(zero_stage, automatic, p, init, place_batch, step, gather)
+    def gradients(flat, x, y):
+        return gather(global_gradients(flat, x, y))
+
+    return ShardedDataParallel(zero_stage, automatic, p, init, place_batch, step, gather,
+                               gradients)
 
 
 def train(sdp: ShardedDataParallel, params: Sequence[dict],
@@ -322,8 +371,23 @@ def sent_bytes_per_device(ops: Sequence[collectives.CollectiveOp], n: int) -> fl
 
 # --- 2-D: data parallel over one axis, Megatron tensor parallel over the other ----------------
 
+def _2d_local_gradients(data_axis: str, model_axis: str, reduce: str) -> Callable:
+    """Per device: ``(params, x, y) -> (loss, grads)``, the gradients averaged over the data axis."""
+    def gradients(params, x, y):
+        # params: Megatron shards (w1: f32[D, H/tp], ...), replicated over data_axis; x, y:
+        # f32[B/dp, D]. pcast: each data-parallel replica differentiates its own copy, so the
+        # gradient stays its batch shard's until the explicit all-reduce over data_axis.
+        local = jax.lax.pcast(params, data_axis, to="varying")
+        loss, grads = jax.value_and_grad(
+            lambda prm: jnp.mean((tensor.mlp_forward(prm, x, model_axis) - y) ** 2))(local)
+        grads = collectives.all_reduce_gradients(grads, data_axis, mean=reduce == "mean")
+        return loss, grads
+    return gradients
+
+
 def make_2d_train_step(params: Sequence[dict], mesh: Mesh, *, data_axis: str, model_axis: str,
-                       optimizer: optax.GradientTransformation | None = None) -> Callable:
+                       optimizer: optax.GradientTransformation | None = None,
+                       reduce: str = "mean") -> Callable:
     """A jitted data x tensor parallel training step of the residual MLP (``shard_map``).
 
     Along ``model_axis`` each block is split the Megatron way (:mod:`clusterlab.parallel.tensor`:
@@ -338,30 +402,57 @@ def make_2d_train_step(params: Sequence[dict], mesh: Mesh, *, data_axis: str, mo
         data_axis: the data-parallel axis (the batch is split over it).
         model_axis: the tensor-parallel axis (the hidden width is split over it).
         optimizer: an element-wise ``optax`` optimizer; default Adam.
+        reduce: ``"mean"`` (default) or ``"sum"`` over the data axis, as in
+            :func:`make_sharded_data_parallel`; ``"sum"`` is the bug of a missing 1/dp.
 
     Returns:
         ``step(params, opt_state, x, y) -> (params, opt_state, losses)`` with ``params`` laid out
         by :func:`shard_2d`, ``opt_state`` from ``jax.jit(optimizer.init)`` of them, ``x``, ``y``
         f32[B, D] split over ``data_axis``, ``losses`` f32[dp], the loss of each data shard.
     """
-    dp, tp = _axis_size(mesh, data_axis), _axis_size(mesh, model_axis)
+    _axis_size(mesh, data_axis)
+    tp = _axis_size(mesh, model_axis)
+    data.check_reduce(reduce)
     optimizer = models.make_optimizer() if optimizer is None else optimizer
     tensor.check_divisible(tp=tp, d_hidden=params[0]["w1"].shape[1])
     specs = tensor.param_specs(params, model_axis)  # replicated over data_axis
     state_specs = tensor._opt_state_specs(optimizer, params, specs)
+    local_gradients = _2d_local_gradients(data_axis, model_axis, reduce)
 
     def local_step(params, opt_state, x, y):
-        # params: Megatron shards (w1: f32[D, H/tp], ...); x, y: f32[B/dp, D]
-        loss, grads = jax.value_and_grad(
-            lambda prm: jnp.mean((tensor.mlp_forward(prm, x, model_axis) - y) ** 2))(params)
-        grads = collectives.all_reduce_gradients(grads, data_axis)  # mean over the data axis
+        loss, grads = local_gradients(params, x, y)
         updates, opt_state = optimizer.update(grads, opt_state, params)
         return optax.apply_updates(params, updates), opt_state, loss[None]
 
-    del dp
+    # check_vma=True: JAX proves that the parameters come out replicated over data_axis (they
+    # do only after the all-reduce) and split over model_axis as the specs say.
     return jax.jit(jax.shard_map(
         local_step, mesh=mesh, in_specs=(specs, state_specs, P(data_axis), P(data_axis)),
-        out_specs=(specs, state_specs, P(data_axis)), check_vma=False))
+        out_specs=(specs, state_specs, P(data_axis))))
+
+
+def make_2d_gradients(params: Sequence[dict], mesh: Mesh, *, data_axis: str, model_axis: str,
+                      reduce: str = "mean") -> Callable:
+    """The gradient that :func:`make_2d_train_step`'s optimizer receives, by the same code.
+
+    Args:
+        params: the blocks of :func:`clusterlab.models.init_mlp` (unsharded), to read shapes.
+        mesh, data_axis, model_axis, reduce: as in :func:`make_2d_train_step`.
+
+    Returns:
+        ``gradients(params, x, y) -> list of block dicts`` on the host (whole arrays, assembled
+        from the Megatron shards), with ``params`` laid out by :func:`shard_2d` and ``x``, ``y``
+        f32[B, D] split over ``data_axis``.
+    """
+    _axis_size(mesh, data_axis)
+    tp = _axis_size(mesh, model_axis)
+    data.check_reduce(reduce)
+    tensor.check_divisible(tp=tp, d_hidden=params[0]["w1"].shape[1])
+    specs = tensor.param_specs(params, model_axis)
+    local_gradients = _2d_local_gradients(data_axis, model_axis, reduce)
+    fn = jax.jit(jax.shard_map(lambda prm, x, y: local_gradients(prm, x, y)[1], mesh=mesh,
+                               in_specs=(specs, P(data_axis), P(data_axis)), out_specs=specs))
+    return lambda prm, x, y: jax.tree.map(np.asarray, jax.device_get(fn(prm, x, y)))
 
 
 def shard_2d(params: Sequence[dict], mesh: Mesh, *, model_axis: str) -> list[dict]:
@@ -371,22 +462,32 @@ def shard_2d(params: Sequence[dict], mesh: Mesh, *, model_axis: str) -> list[dic
 
 def train_2d(params: Sequence[dict], batches: Iterable[tuple[jax.Array, jax.Array]],
              mesh: Mesh, *, data_axis: str, model_axis: str,
-             optimizer: optax.GradientTransformation | None = None
+             optimizer: optax.GradientTransformation | None = None, reduce: str = "mean"
              ) -> tuple[list[dict], np.ndarray]:
-    """Train with 2-D data x tensor parallelism; returns host blocks and f32[n_steps] losses."""
+    """Train with 2-D data x tensor parallelism; returns host blocks and f32[n_steps] losses.
+
+    ``reduce`` as in :func:`make_2d_train_step`.
+    """
     optimizer = models.make_optimizer() if optimizer is None else optimizer
-    dp = _axis_size(mesh, data_axis)
     step = make_2d_train_step(params, mesh, data_axis=data_axis, model_axis=model_axis,
-                              optimizer=optimizer)
+                              optimizer=optimizer, reduce=reduce)
     sharded = shard_2d(params, mesh, model_axis=model_axis)
     opt_state = jax.jit(optimizer.init)(sharded)
-
-    def place(x, y):
-        if x.shape[0] % dp:
-            raise ValueError(f"The global batch of {x.shape[0]} examples does not split into "
-                             f"{dp} equal shards over {data_axis!r}; use a multiple of {dp}.")
-        return tuple(devices.shard(a, mesh, P(data_axis)) for a in (x, y))
-
-    sharded, _, losses = models.run_steps(step, sharded, opt_state, batches, place=place,
-                                          loss_value=np.mean)
+    sharded, _, losses = models.run_steps(
+        step, sharded, opt_state, batches,
+        place=lambda x, y: place_2d_batch(x, y, mesh, data_axis=data_axis), loss_value=np.mean)
     return jax.device_get(sharded), losses
+
+
+def place_2d_batch(x: jax.Array, y: jax.Array, mesh: Mesh, *,
+                   data_axis: str) -> tuple[jax.Array, jax.Array]:
+    """Split a global batch, f32[B, D] each, over ``data_axis`` (replicated over the other axis).
+
+    Raises:
+        ValueError: when B is not a multiple of the data axis's size.
+    """
+    dp = _axis_size(mesh, data_axis)
+    if x.shape[0] % dp:
+        raise ValueError(f"The global batch of {x.shape[0]} examples does not split into "
+                         f"{dp} equal shards over {data_axis!r}; use a multiple of {dp}.")
+    return tuple(devices.shard(a, mesh, P(data_axis)) for a in (x, y))
