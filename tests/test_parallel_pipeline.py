@@ -3,10 +3,13 @@ the single-device reference, the ppermutes counted from the compiled program, in
 
 from __future__ import annotations
 
+import dataclasses
+
+import jax
 import numpy as np
 import pytest
 
-from clusterlab import collectives, costmodel, models
+from clusterlab import check, collectives, costmodel, models
 from clusterlab.parallel import pipeline
 from conftest import reference_run, sub_mesh
 
@@ -29,6 +32,61 @@ def test_pipeline_equals_single_device(case, stages, microbatches, schedule):
                                         microbatches=microbatches, schedule=schedule)
     assert models.max_abs_diff(trained, reference) < 1e-6
     np.testing.assert_allclose(pp_losses, losses, rtol=1e-5, atol=1e-6)
+
+
+def _pipeline_grads(params, x, y, schedule):
+    mesh = sub_mesh(schedule.stages, AXIS)
+    grad_fn = pipeline.make_grad_fn(mesh, AXIS, schedule)
+    loss, stacked = grad_fn(pipeline.shard_stages(params, mesh, AXIS), x, y)
+    return float(loss), pipeline.unstack_stages(jax.device_get(stacked))
+
+
+def _reference_grads(params, x, y):
+    loss, grads = jax.value_and_grad(models.mse_loss)(params, x, y)
+    return float(loss), jax.device_get(grads)
+
+
+@pytest.mark.parametrize("stages, microbatches, schedule", [
+    (2, 4, "gpipe"), (4, 8, "1f1b"), (8, 4, "1f1b"), (8, 2, "gpipe")])
+def test_gradients_equal_single_device(case, stages, microbatches, schedule):
+    params, batches = case[:2]
+    x, y = batches[0]
+    loss, grads = _pipeline_grads(params, x, y,
+                                  pipeline.make_schedule(stages, microbatches, schedule))
+    reference_loss, reference = _reference_grads(params, x, y)
+    check.verify_close("gradients", grads, reference, rtol=1e-5)
+    check.verify_close("loss", loss, reference_loss, rtol=1e-5)
+
+
+def _reversed_backwards(schedule, stage):
+    """Stage ``stage`` runs its backward passes in the reverse order of its neighbours'."""
+    microbatch = schedule.microbatch.copy()
+    backward = schedule.kind[:, stage] == pipeline.BACKWARD
+    microbatch[backward, stage] = microbatch[backward, stage][::-1]
+    return dataclasses.replace(schedule, microbatch=microbatch)
+
+
+def _dropped_forward(schedule, stage, microbatch):
+    """Stage ``stage`` skips one forward pass: that micro-batch's activation is never sent."""
+    kind = schedule.kind.copy()
+    kind[(kind[:, stage] == pipeline.FORWARD) & (schedule.microbatch[:, stage] == microbatch),
+         stage] = pipeline.IDLE
+    return dataclasses.replace(schedule, kind=kind)
+
+
+@pytest.mark.parametrize("bug", ["backwards in reverse order", "a forward (and its send) dropped"])
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+def test_gradient_check_catches_a_broken_schedule(case, bug, schedule):
+    params, batches = case[:2]
+    x, y = batches[0]
+    good = pipeline.make_schedule(4, 4, schedule)
+    broken = (_reversed_backwards(good, 1) if bug.startswith("backwards")
+              else _dropped_forward(good, 0, 1))
+    assert not np.array_equal(broken.kind, good.kind) or not np.array_equal(
+        broken.microbatch, good.microbatch)
+    _, reference = _reference_grads(params, x, y)
+    check.verify_catches(bug, lambda: check.verify_close(
+        "gradients", _pipeline_grads(params, x, y, broken)[1], reference, rtol=1e-5))
 
 
 def test_automatic_sharding_equals_single_device(case):

@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from clusterlab import collectives, costmodel, models
+from clusterlab import check, collectives, costmodel, models
 from clusterlab.parallel import tensor
 from conftest import reference_run, sub_mesh
 
@@ -103,8 +103,10 @@ def test_formula_values():
     assert costmodel.tensor_parallel_bytes_per_step(8, 8, 3, 1).all_reduces == 0
 
 
-def test_copy_and_reduce_are_conjugate():
-    # f: identity forward, psum backward; g: psum forward, identity backward.
+@pytest.mark.parametrize("check_vma", [True, False])
+def test_copy_and_reduce_are_conjugate(check_vma):
+    # f: identity forward, psum backward; g: psum forward, identity backward. With check_vma
+    # they are JAX's pcast and psum; without it, the custom_vjp fallback gives the same.
     mesh = sub_mesh(4, AXIS)
     w = jnp.arange(4.0)  # one scalar weight per device
 
@@ -113,10 +115,94 @@ def test_copy_and_reduce_are_conjugate():
             collectives.copy_to_model_parallel(x, AXIS) * w_block[0], AXIS)
         return jnp.sum(y)
 
-    grad_x = jax.jit(jax.shard_map(jax.grad(per_device, argnums=1), mesh=mesh,
-                                   in_specs=(jax.P(AXIS), jax.P()), out_specs=jax.P(),
-                                   check_vma=False))(w, jnp.ones(3))
+    grad_w, grad_x = jax.jit(jax.shard_map(
+        jax.grad(per_device, argnums=(0, 1)), mesh=mesh, in_specs=(jax.P(AXIS), jax.P()),
+        out_specs=(jax.P(AXIS), jax.P()), check_vma=check_vma))(w, jnp.ones(3))
     np.testing.assert_allclose(grad_x, np.full(3, 0 + 1 + 2 + 3))
+    np.testing.assert_allclose(grad_w, np.full(4, 3.0))  # not 4 x 3: g's backward is a copy
+
+
+def test_bare_psum_without_replication_checking_is_wrong():
+    # What f and g are for: with check_vma=False, psum transposes to psum (grad_w 4 x too large)
+    # and nothing sums the partial gradients of x.
+    mesh = sub_mesh(4, AXIS)
+
+    def per_device(w_block, x):
+        return jnp.sum(jax.lax.psum(x * w_block[0], AXIS))
+
+    grad_w, _ = jax.jit(jax.shard_map(
+        jax.grad(per_device, argnums=(0, 1)), mesh=mesh, in_specs=(jax.P(AXIS), jax.P()),
+        out_specs=(jax.P(AXIS), jax.P()), check_vma=False))(jnp.arange(4.0), jnp.ones(3))
+    np.testing.assert_allclose(grad_w, np.full(4, 12.0))
+
+
+def test_copy_refuses_a_varying_input():
+    mesh = sub_mesh(4, AXIS)
+    with pytest.raises(ValueError, match="already varies over it"):
+        jax.shard_map(lambda x: collectives.copy_to_model_parallel(x, AXIS), mesh=mesh,
+                      in_specs=jax.P(AXIS), out_specs=jax.P(AXIS))(jnp.arange(4.0))
+
+
+def _reference_grads(params, x, y, forward=models.mlp_forward):
+    return jax.device_get(jax.grad(models.mse_loss)(params, x, y, forward=forward))
+
+
+def _tp_grads(params, x, y, tp, **options):
+    mesh = sub_mesh(tp, AXIS)
+    grad_fn = tensor.make_grad_fn(params, mesh, AXIS, **options)
+    return jax.device_get(grad_fn(tensor.shard_params(params, mesh, AXIS), x, y)[1])
+
+
+@pytest.mark.parametrize("tp", [2, 8])
+def test_mlp_gradients_equal_single_device(mlp_case, tp):
+    params, batches = mlp_case[:2]
+    x, y = batches[0]
+    check.verify_close("gradients", _tp_grads(params, x, y, tp),
+                       _reference_grads(params, x, y), rtol=1e-5)
+
+
+def test_transformer_gradients_equal_single_device(transformer_case):
+    params, batches = transformer_case[:2]
+    x, y = batches[0]
+    check.verify_close("gradients", _tp_grads(params, x, y, 4),
+                       _reference_grads(params, x, y, models.transformer_block), rtol=1e-5)
+
+
+def _identity(x, axis_name):
+    return x
+
+
+@pytest.mark.parametrize("bug, options", [
+    ("bare psum, no f, check_vma off",
+     {"ops": tensor.MegatronOps(_identity, jax.lax.psum), "check_vma": False}),
+    ("f left out, check_vma off",
+     {"ops": tensor.MEGATRON._replace(copy=_identity), "check_vma": False})])
+def test_gradient_check_catches_missing_all_reduces(mlp_case, bug, options):
+    params, batches = mlp_case[:2]
+    x, y = batches[0]
+    expected = _reference_grads(params, x, y)
+    caught = check.verify_catches(bug, lambda: check.verify_close(
+        "gradients", _tp_grads(params, x, y, 4, **options), expected, rtol=1e-5))
+    assert "max relative difference" in str(caught)
+
+
+def test_replication_checking_inserts_a_missing_f(mlp_case):
+    # With check_vma=True, JAX copies the replicated x where it meets device-varying weights,
+    # and transposes that copy to the psum f would have made.
+    params, batches = mlp_case[:2]
+    x, y = batches[0]
+    check.verify_close("gradients", _tp_grads(params, x, y, 4, ops=tensor.MEGATRON._replace(
+        copy=_identity)), _reference_grads(params, x, y), rtol=1e-5)
+
+
+@pytest.mark.parametrize("n_blocks, message", [
+    (1, r"out_specs\[0\] is P\(\)"),  # the loss would differ per device, claimed replicated
+    (3, "already varies over it")])  # the next block's f receives a partial sum
+def test_replication_checking_refuses_a_missing_g(mlp_case, n_blocks, message):
+    params, batches = mlp_case[:2]
+    x, y = batches[0]
+    with pytest.raises(ValueError, match=message):
+        _tp_grads(params[:n_blocks], x, y, 4, ops=tensor.MEGATRON._replace(reduce=_identity))
 
 
 def test_hidden_size_must_divide():

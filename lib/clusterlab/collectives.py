@@ -311,60 +311,79 @@ def hlo_op_count(jitted: Callable[..., object], *args, op: str = "collective-per
 
 
 # --- Tensor-parallel pairs (Megatron's f and g) ------------------------------------------------
-# Inside ``jax.shard_map(..., check_vma=False)`` JAX does not know which values are replicated,
-# and the transpose it uses for ``psum`` is another ``psum``: gradients through a plain psum come
-# out ``p`` times too large. Megatron-LM names the two conjugate operators instead, and so do
-# these wrappers, with ``jax.custom_vjp`` fixing the backward of each. (With ``check_vma=True``
-# JAX tracks replication itself: ``psum``'s transpose is then the identity and the implicit
-# ``pvary`` of a replicated operand transposes to a ``psum``, the same pair without naming it;
-# a custom_vjp rule that returns a replicated cotangent is rejected there, so use these only
-# with ``check_vma=False``.)
+# Megatron-LM names two conjugate operators, and so do these wrappers. Inside the default
+# ``jax.shard_map(..., check_vma=True)`` JAX tracks which values vary over a mesh axis and which
+# are replicated, and its own transposes are exactly Megatron's pair: ``pcast(x, to="varying")``
+# (a copy: the replicated value becomes a per-device one) transposes to a ``psum`` of the
+# cotangents, and ``psum`` (per-device partial sums become one replicated value) transposes to
+# that copy. So f and g are those two primitives, with no custom_vjp.
+#
+# With ``check_vma=False`` JAX does not know what is replicated: ``psum`` then transposes to
+# another ``psum`` (gradients ``p`` times too large) and the copy transposes to nothing (the
+# gradient of ``x`` stays partial). Steps that must keep the check off (the 2-D step of
+# :mod:`clusterlab.parallel.sharded`, whose data-axis all-reduce is explicit) still get the right
+# pair from these wrappers: they detect the mode and then use the custom_vjp versions below,
+# whose backward is written out.
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
+def tracks_replication(axis_name: str) -> bool:
+    """Whether JAX tracks replication over ``axis_name`` here (``shard_map``'s ``check_vma``).
+
+    Inside ``jax.shard_map(..., check_vma=True)`` the device index varies over the axis; with
+    ``check_vma=False`` every value is typed as replicated, the index too.
+    """
+    index = jax.lax.axis_index(axis_name)
+    return axis_name in jax.typeof(index).manual_axis_type.varying
+
+
+def _varies_over(x: jax.Array, axis_name: str) -> bool:
+    return axis_name in jax.typeof(x).manual_axis_type.varying
+
+
 def copy_to_model_parallel(x: jax.Array, axis_name: str) -> jax.Array:
     """Megatron's ``f``: identity forward, all-reduce (``psum``) of the gradient backward.
 
     Put it where a replicated activation enters a column-parallel layer: each device uses the
     whole ``x`` with its own columns of the weight, so the gradient of ``x`` is the sum of the
-    devices' partial gradients. Use inside ``jax.shard_map(..., check_vma=False)``; with an axis
-    of size 1 it does nothing.
+    devices' partial gradients. With ``check_vma=True`` (shard_map's default) it is
+    ``jax.lax.pcast(x, axis_name, to="varying")``, whose transpose JAX defines as that ``psum``
+    (JAX would also insert it by itself where ``x`` meets a device-varying weight); with
+    ``check_vma=False`` a custom_vjp with the same backward. With an axis of size 1 it does
+    nothing.
 
     Args:
         x: f32[...], the same on every device of the axis.
         axis_name: the tensor-parallel mesh axis.
 
     Returns:
-        ``x`` unchanged.
+        ``x`` unchanged, typed as varying over the axis.
+
+    Raises:
+        ValueError: when ``x`` already varies over the axis: it is not a replicated activation.
 
     References:
         Shoeybi et al., "Megatron-LM", 2019, Section 3 and Figure 3 (the operators f and g).
         https://arxiv.org/abs/1909.08053
     """
-    return x
-
-
-def _copy_fwd(x, axis_name):
-    return x, None
-
-
-def _copy_bwd(axis_name, _, grad):
     if jax.lax.axis_size(axis_name) == 1:
-        return (grad,)
-    return (jax.lax.psum(grad, axis_name),)  # grad: f32[...], partial on each device -> summed
+        return x
+    if not tracks_replication(axis_name):
+        return _copy_unchecked(x, axis_name)
+    if _varies_over(x, axis_name):
+        raise ValueError(f"copy_to_model_parallel (Megatron's f) takes an activation replicated "
+                         f"over {axis_name!r}, but this one already varies over it. Apply f to "
+                         f"the block's replicated input, before the column-parallel weight.")
+    return jax.lax.pcast(x, axis_name, to="varying")  # backward: psum of the partial gradients
 
 
-copy_to_model_parallel.defvjp(_copy_fwd, _copy_bwd)
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
 def reduce_from_model_parallel(x: jax.Array, axis_name: str) -> jax.Array:
     """Megatron's ``g``: all-reduce (``psum``) forward, identity backward.
 
     Put it after a row-parallel layer: each device holds a partial sum of the output (its rows
     of the weight times its slice of the hidden activation); the all-reduce completes it on
     every device. The output is replicated, so its gradient is already whole on every device
-    and passes back unchanged. Use inside ``jax.shard_map(..., check_vma=False)``.
+    and passes back unchanged: with ``check_vma=True`` that is JAX's own transpose of ``psum``;
+    with ``check_vma=False`` a custom_vjp says so.
 
     Args:
         x: f32[...], this device's partial sum.
@@ -379,23 +398,47 @@ def reduce_from_model_parallel(x: jax.Array, axis_name: str) -> jax.Array:
     """
     if jax.lax.axis_size(axis_name) == 1:
         return x
-    return jax.lax.psum(x, axis_name)
+    if not tracks_replication(axis_name):
+        return _reduce_unchecked(x, axis_name)
+    return jax.lax.psum(x, axis_name)  # backward: the cotangent, copied to every device
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
+def _copy_unchecked(x: jax.Array, axis_name: str) -> jax.Array:
+    return x  # f without replication tracking: identity forward, psum backward (below)
+
+
+def _copy_fwd(x, axis_name):
+    return x, None
+
+
+def _copy_bwd(axis_name, _, grad):
+    return (jax.lax.psum(grad, axis_name),)  # grad: f32[...], partial on each device -> summed
+
+
+_copy_unchecked.defvjp(_copy_fwd, _copy_bwd)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
+def _reduce_unchecked(x: jax.Array, axis_name: str) -> jax.Array:
+    return jax.lax.psum(x, axis_name)  # g without replication tracking: identity backward
 
 
 def _reduce_fwd(x, axis_name):
-    return reduce_from_model_parallel(x, axis_name), None
+    return _reduce_unchecked(x, axis_name), None
 
 
 def _reduce_bwd(axis_name, _, grad):
     return (grad,)
 
 
-reduce_from_model_parallel.defvjp(_reduce_fwd, _reduce_bwd)
+_reduce_unchecked.defvjp(_reduce_fwd, _reduce_bwd)
 
 
 # --- Gradient all-reduce: the one collective of data parallelism ---------------------------------
 
-def all_reduce_gradients(grads, axis_name: str, *, bucket_bytes: int | None = None):
+def all_reduce_gradients(grads, axis_name: str, *, bucket_bytes: int | None = None,
+                         mean: bool = True):
     """Average a gradient pytree over the data-parallel axis: the all-reduce of data parallelism.
 
     Forward: every device's gradients are replaced by their mean over ``axis_name``

@@ -248,38 +248,32 @@ def _shift(p: int, direction: int) -> list[tuple[int, int]]:
     return [(s, s + direction) for s in range(p) if 0 <= s + direction < p]
 
 
-def make_train_step(mesh: Mesh, axis_name: str, schedule: Schedule, *,
-                    optimizer: optax.GradientTransformation) -> Callable:
-    """A jitted pipeline-parallel training step that executes ``schedule`` with ``shard_map``.
+def _varying(x: jax.Array, axis_name: str) -> jax.Array:
+    """``x`` typed as varying over the stages (a scan's carry must keep one type)."""
+    if axis_name in jax.typeof(x).manual_axis_type.varying:
+        return x
+    return jax.lax.pcast(x, axis_name, to="varying")
 
-    Args:
-        mesh: the mesh; ``axis_name`` has ``schedule.stages`` devices.
-        axis_name: the pipeline axis.
-        schedule: from :func:`make_schedule`.
-        optimizer: an element-wise ``optax`` optimizer (each stage updates its own blocks).
 
-    Returns:
-        ``step(stacked_params, opt_state, x, y) -> (stacked_params, opt_state, loss)``: params
-        and optimizer state from :func:`shard_stages` and :func:`init_opt_state`, ``x``, ``y``
-        f32[B, D], ``loss`` f32[] (the mean squared error over the whole batch, as
-        :func:`clusterlab.models.mse_loss`).
+def _local_grads(axis_name: str, schedule: Schedule) -> Callable:
+    """``(params, x, y) -> (grads, loss)`` of one stage, running ``schedule`` (inside shard_map).
+
+    ``params``: leaves f32[1, L/p, ...], this stage's blocks; ``x``, ``y``: f32[B, D], the whole
+    batch on every stage. Returns this stage's gradients (f32[1, L/p, ...]) and f32[1], the loss
+    (complete on the last stage only).
     """
     p, m = schedule.stages, schedule.microbatches
-    if mesh.shape[axis_name] != p:
-        raise ValueError(f"The schedule has {p} stages but mesh axis {axis_name!r} has "
-                         f"{mesh.shape[axis_name]} devices; they must be equal.")
     stash_slots, grad_slots = schedule.stash_slots()
     kind_table = jnp.asarray(schedule.kind)  # i32[T, p]
     mb_table = jnp.asarray(schedule.microbatch)  # i32[T, p]
 
-    def local_step(params, opt_state, x, y):
-        # params: leaves f32[1, L/p, ...], this stage's blocks; x, y: f32[B, D] (whole batch)
+    def local_grads(params, x, y):
         stage_params = jax.tree.map(lambda a: a[0], params)
         check_divisible(n_blocks=1, stages=1, batch=x.shape[0], microbatches=m)
         xs = x.reshape(m, x.shape[0] // m, *x.shape[1:])  # xs: f32[m, B/m, D]
         ys = y.reshape(m, y.shape[0] // m, *y.shape[1:])
         me = jax.lax.axis_index(axis_name)
-        zeros_mb = jnp.zeros_like(xs[0])  # f32[B/m, D]
+        zeros_mb = _varying(jnp.zeros_like(xs[0]), axis_name)  # f32[B/m, D]
 
         def forward(carry, i):
             stash, inbox, grads, loss = carry
@@ -331,17 +325,86 @@ def make_train_step(mesh: Mesh, axis_name: str, schedule: Schedule, *,
         carry = (jnp.zeros((stash_slots, *xs.shape[1:]), xs.dtype),  # stash: f32[slots, B/m, D]
                  jnp.zeros((grad_slots, *xs.shape[1:]), xs.dtype),  # inbox: f32[g, B/m, D]
                  jax.tree.map(jnp.zeros_like, stage_params), jnp.zeros((), jnp.float32))
+        carry = jax.tree.map(lambda a: _varying(a, axis_name), carry)  # per stage, not replicated
         (_, _, grads, loss), _ = jax.lax.scan(slot, carry, jnp.arange(schedule.slots))
-        grads = jax.tree.map(lambda g: g[None], grads)  # back to f32[1, L/p, ...]
+        return jax.tree.map(lambda g: g[None], grads), loss[None]  # back to f32[1, L/p, ...]
+
+    return local_grads
+
+
+def _check_mesh(mesh: Mesh, axis_name: str, schedule: Schedule) -> None:
+    if mesh.shape[axis_name] != schedule.stages:
+        raise ValueError(f"The schedule has {schedule.stages} stages but mesh axis {axis_name!r} "
+                         f"has {mesh.shape[axis_name]} devices; they must be equal.")
+
+
+def make_grad_fn(mesh: Mesh, axis_name: str, schedule: Schedule) -> Callable:
+    """The loss and gradients of one pipelined step, to check against one device.
+
+    Gradients show what Adam would hide: a wrong factor (micro-batch losses summed instead of
+    averaged) or a micro-batch whose gradient went missing.
+
+    Args:
+        mesh: the mesh; ``axis_name`` has ``schedule.stages`` devices.
+        axis_name: the pipeline axis.
+        schedule: from :func:`make_schedule`, or any table of the same shape (a broken one, to
+            see the check against one device catch it).
+
+    Returns:
+        ``grads(stacked_params, x, y) -> (loss, stacked_grads)``: params from
+        :func:`shard_stages`, ``x``, ``y`` f32[B, D], ``loss`` f32[] (the last stage's),
+        ``stacked_grads`` shaped and sharded like the params (:func:`unstack_stages` them to
+        compare with ``jax.grad`` of :func:`clusterlab.models.mse_loss`).
+    """
+    _check_mesh(mesh, axis_name, schedule)
+    local_grads = _local_grads(axis_name, schedule)
+
+    def grads(params, x, y):
+        specs = jax.tree.map(lambda _: P(axis_name), params)
+        stacked_grads, losses = jax.shard_map(
+            local_grads, mesh=mesh, in_specs=(specs, P(), P()),
+            out_specs=(specs, P(axis_name)))(params, x, y)
+        return losses[-1], stacked_grads  # the last stage computed the loss
+
+    return jax.jit(grads)
+
+
+def make_train_step(mesh: Mesh, axis_name: str, schedule: Schedule, *,
+                    optimizer: optax.GradientTransformation) -> Callable:
+    """A jitted pipeline-parallel training step that executes ``schedule`` with ``shard_map``.
+
+    Each stage runs its slots of the schedule (:func:`make_grad_fn`'s gradients), then updates
+    its own blocks with ``optimizer``.
+
+    Args:
+        mesh: the mesh; ``axis_name`` has ``schedule.stages`` devices.
+        axis_name: the pipeline axis.
+        schedule: from :func:`make_schedule`.
+        optimizer: an element-wise ``optax`` optimizer (each stage updates its own blocks).
+
+    Returns:
+        ``step(stacked_params, opt_state, x, y) -> (stacked_params, opt_state, loss)``: params
+        and optimizer state from :func:`shard_stages` and :func:`init_opt_state`, ``x``, ``y``
+        f32[B, D], ``loss`` f32[] (the mean squared error over the whole batch, as
+        :func:`clusterlab.models.mse_loss`).
+    """
+    _check_mesh(mesh, axis_name, schedule)
+    local_grads = _local_grads(axis_name, schedule)
+
+    def local_step(params, opt_state, x, y):
+        # params: leaves f32[1, L/p, ...], this stage's blocks; x, y: f32[B, D] (whole batch)
+        grads, loss = local_grads(params, x, y)
         updates, opt_state = optimizer.update(grads, opt_state, params)
-        return optax.apply_updates(params, updates), opt_state, loss[None]
+        return optax.apply_updates(params, updates), opt_state, loss
 
     def step(params, opt_state, x, y):
         specs = jax.tree.map(lambda _: P(axis_name), params)
         state_specs = _opt_state_specs(optimizer, params, axis_name)
+        # check_vma=True (the default): JAX checks that what out_specs calls replicated (Adam's
+        # step count) is the same on every stage.
         params, opt_state, losses = jax.shard_map(
             local_step, mesh=mesh, in_specs=(specs, state_specs, P(), P()),
-            out_specs=(specs, state_specs, P(axis_name)), check_vma=False)(params, opt_state, x, y)
+            out_specs=(specs, state_specs, P(axis_name)))(params, opt_state, x, y)
         return params, opt_state, losses[-1]  # the last stage computed the loss
 
     return jax.jit(step)

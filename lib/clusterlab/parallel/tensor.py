@@ -27,7 +27,7 @@ References:
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from typing import Callable, NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -38,6 +38,20 @@ from clusterlab import collectives, devices, models
 
 Params = object
 MODELS = ("mlp", "transformer")
+
+
+class MegatronOps(NamedTuple):
+    """Megatron's two communication points, each a function ``(x, axis_name) -> x``.
+
+    The library always uses :data:`MEGATRON`; a lab swaps one operator for another (an identity,
+    a bare ``jax.lax.psum``) to show what the check against one device catches.
+    """
+
+    copy: Callable[[jax.Array, str], jax.Array]  # f: enters a column-parallel layer
+    reduce: Callable[[jax.Array, str], jax.Array]  # g: completes a row-parallel layer's sum
+
+
+MEGATRON = MegatronOps(collectives.copy_to_model_parallel, collectives.reduce_from_model_parallel)
 
 
 def check_divisible(*, tp: int, d_hidden: int | None = None, n_heads: int | None = None) -> None:
@@ -111,7 +125,8 @@ def shard_params(params: Params, mesh: Mesh, axis_name: str) -> Params:
                         param_specs(params, axis_name))
 
 
-def mlp_block(block: dict, x: jax.Array, axis_name: str) -> jax.Array:
+def mlp_block(block: dict, x: jax.Array, axis_name: str, *,
+              ops: MegatronOps = MEGATRON) -> jax.Array:
     """One residual MLP block on this device's slice of the hidden units (inside shard_map).
 
     Args:
@@ -119,38 +134,43 @@ def mlp_block(block: dict, x: jax.Array, axis_name: str) -> jax.Array:
             "b2": f32[D]}``.
         x: f32[B, D], replicated.
         axis_name: the tensor-parallel axis.
+        ops: Megatron's ``f`` and ``g`` (default :data:`MEGATRON`).
 
     Returns:
         f32[B, D], replicated: equal to :func:`clusterlab.models.mlp_block` on the whole block.
     """
-    return _mlp_residual(block, x, x, axis_name)
+    return _mlp_residual(block, x, x, axis_name, ops)
 
 
-def _mlp_residual(block: dict, x: jax.Array, residual: jax.Array, axis_name: str) -> jax.Array:
+def _mlp_residual(block: dict, x: jax.Array, residual: jax.Array, axis_name: str,
+                  ops: MegatronOps = MEGATRON) -> jax.Array:
     # residual + relu(x @ w1 + b1) @ w2 + b2, summed in the reference's order.
-    x_in = collectives.copy_to_model_parallel(x, axis_name)  # f: backward all-reduce of dx
+    x_in = ops.copy(x, axis_name)  # f: backward all-reduce of dx
     hidden = jax.nn.relu(x_in @ block["w1"] + block["b1"])  # hidden: f32[..., H/tp], no comm.
     partial = hidden @ block["w2"]  # partial: f32[..., D], this device's share of the sum
-    return residual + collectives.reduce_from_model_parallel(partial, axis_name) + block["b2"]
+    return residual + ops.reduce(partial, axis_name) + block["b2"]  # g: forward all-reduce
 
 
-def mlp_forward(params: Sequence[dict], x: jax.Array, axis_name: str) -> jax.Array:
+def mlp_forward(params: Sequence[dict], x: jax.Array, axis_name: str, *,
+                ops: MegatronOps = MEGATRON) -> jax.Array:
     """The residual MLP stack with every block tensor-parallel (inside shard_map).
 
     Args:
         params: a list of per-device block shards (see :func:`mlp_block`).
         x: f32[B, D], replicated.
         axis_name: the tensor-parallel axis.
+        ops: Megatron's ``f`` and ``g`` (default :data:`MEGATRON`).
 
     Returns:
         f32[B, D], replicated.
     """
     for block in params:
-        x = mlp_block(block, x, axis_name)
+        x = mlp_block(block, x, axis_name, ops=ops)
     return x
 
 
-def attention(params: dict, x: jax.Array, axis_name: str) -> jax.Array:
+def attention(params: dict, x: jax.Array, axis_name: str, *,
+              ops: MegatronOps = MEGATRON) -> jax.Array:
     """Causal self-attention with this device's heads, all-reduced (inside shard_map).
 
     Args:
@@ -158,16 +178,18 @@ def attention(params: dict, x: jax.Array, axis_name: str) -> jax.Array:
             ``"wo": f32[NH/tp, Dh, D]``.
         x: f32[B, S, D], normalised, replicated.
         axis_name: the tensor-parallel axis.
+        ops: Megatron's ``f`` and ``g`` (default :data:`MEGATRON`).
 
     Returns:
         f32[B, S, D], replicated: the attention output of all heads.
     """
-    x_in = collectives.copy_to_model_parallel(x, axis_name)  # f
+    x_in = ops.copy(x, axis_name)  # f
     partial = models.causal_attention(params, x_in)  # partial: f32[B, S, D], this device's heads
-    return collectives.reduce_from_model_parallel(partial, axis_name)  # g
+    return ops.reduce(partial, axis_name)  # g
 
 
-def transformer_block(params: dict, x: jax.Array, axis_name: str) -> jax.Array:
+def transformer_block(params: dict, x: jax.Array, axis_name: str, *,
+                      ops: MegatronOps = MEGATRON) -> jax.Array:
     """:func:`clusterlab.models.transformer_block`, heads and MLP split (inside shard_map).
 
     Two all-reduces forward (after attention, after the MLP) and two backward.
@@ -176,20 +198,53 @@ def transformer_block(params: dict, x: jax.Array, axis_name: str) -> jax.Array:
         params: this device's shards (see :func:`param_specs`).
         x: f32[B, S, D], replicated.
         axis_name: the tensor-parallel axis.
+        ops: Megatron's ``f`` and ``g`` (default :data:`MEGATRON`).
 
     Returns:
         f32[B, S, D], replicated.
     """
     normed = models.layer_norm(x, params["ln1_scale"], params["ln1_bias"])
-    h = x + attention(params, normed, axis_name)  # h: f32[B, S, D]
+    h = x + attention(params, normed, axis_name, ops=ops)  # h: f32[B, S, D]
     normed = models.layer_norm(h, params["ln2_scale"], params["ln2_bias"])
-    return _mlp_residual(params, normed, h, axis_name)
+    return _mlp_residual(params, normed, h, axis_name, ops)
 
 
-def _local_forward(kind: str, axis_name: str) -> Callable:
-    if kind == "transformer":
-        return lambda params, x: transformer_block(params, x, axis_name)
-    return lambda params, x: mlp_forward(params, x, axis_name)
+def _local_loss_and_grad(kind: str, axis_name: str, ops: MegatronOps) -> Callable:
+    """``(params, x, y) -> (loss, grads)`` on this device's shards (inside shard_map)."""
+    model = transformer_block if kind == "transformer" else mlp_forward
+
+    def loss(params, x, y):  # x, y: f32[B, ...], the whole batch on every device
+        return jnp.mean((model(params, x, axis_name, ops=ops) - y) ** 2)
+
+    return jax.value_and_grad(loss)
+
+
+def make_grad_fn(params: Params, mesh: Mesh, axis_name: str, *, ops: MegatronOps = MEGATRON,
+                 check_vma: bool = True) -> Callable:
+    """The loss and gradients of one tensor-parallel step, to check against one device.
+
+    A wrong factor in a gradient (a ``psum`` transposed into another ``psum``: ``t`` times too
+    large) hides behind Adam, which divides it out; compared here, before any optimizer, it
+    shows as a relative difference of order one.
+
+    Args:
+        params: the (unsharded or sharded) parameters, to read the model and its shapes.
+        mesh: the mesh; ``axis_name`` is the tensor-parallel axis.
+        axis_name: the tensor-parallel axis.
+        ops: Megatron's ``f`` and ``g``; swap one out to see the check catch it.
+        check_vma: shard_map's replication checking; on by default, off only to show what a
+            bare ``psum`` does without it.
+
+    Returns:
+        ``grads(params, x, y) -> (loss, grads)``: ``params`` sharded (:func:`shard_params`),
+        ``x``, ``y`` f32[B, ...] replicated, ``loss`` f32[], ``grads`` shaped and sharded like
+        ``params`` (``jax.device_get`` them to compare with ``jax.grad`` of the reference).
+    """
+    kind = _check_params(params, mesh.shape[axis_name])
+    specs = param_specs(params, axis_name)
+    return jax.jit(jax.shard_map(_local_loss_and_grad(kind, axis_name, ops), mesh=mesh,
+                                 in_specs=(specs, P(), P()), out_specs=(P(), specs),
+                                 check_vma=check_vma))
 
 
 def _opt_state_specs(optimizer: optax.GradientTransformation, params: Params,
@@ -201,7 +256,8 @@ def _opt_state_specs(optimizer: optax.GradientTransformation, params: Params,
 
 
 def make_train_step(params: Params, mesh: Mesh, axis_name: str, *,
-                    optimizer: optax.GradientTransformation) -> Callable:
+                    optimizer: optax.GradientTransformation, ops: MegatronOps = MEGATRON,
+                    check_vma: bool = True) -> Callable:
     """A jitted tensor-parallel training step written with ``jax.shard_map``.
 
     Each device holds its shards of the parameters and of Adam's moments, and the whole batch.
@@ -214,6 +270,8 @@ def make_train_step(params: Params, mesh: Mesh, axis_name: str, *,
         mesh: the mesh; ``axis_name`` is the tensor-parallel axis.
         axis_name: the tensor-parallel axis.
         optimizer: an ``optax`` optimizer that acts element by element (Adam, SGD).
+        ops: Megatron's ``f`` and ``g`` (default :data:`MEGATRON`).
+        check_vma: shard_map's replication checking (see :func:`make_grad_fn`).
 
     Returns:
         ``step(params, opt_state, x, y) -> (params, opt_state, loss)`` with ``params`` and
@@ -223,18 +281,19 @@ def make_train_step(params: Params, mesh: Mesh, axis_name: str, *,
     kind = _check_params(params, mesh.shape[axis_name])
     specs = param_specs(params, axis_name)
     state_specs = _opt_state_specs(optimizer, params, specs)
-    forward = _local_forward(kind, axis_name)
+    loss_and_grad = _local_loss_and_grad(kind, axis_name, ops)
 
     def local_step(params, opt_state, x, y):
         # params, opt_state: this device's shards; x, y: f32[B, ...] whole batch on every device
-        loss, grads = jax.value_and_grad(
-            lambda p: jnp.mean((forward(p, x) - y) ** 2))(params)
+        loss, grads = loss_and_grad(params, x, y)
         updates, opt_state = optimizer.update(grads, opt_state, params)
         return optax.apply_updates(params, updates), opt_state, loss
 
+    # check_vma=True: JAX checks that the loss and the replicated parameters (b2, LayerNorm) are
+    # the same on every device, as out_specs P() claims, and transposes f and g correctly.
     return jax.jit(jax.shard_map(
         local_step, mesh=mesh, in_specs=(specs, state_specs, P(), P()),
-        out_specs=(specs, state_specs, P()), check_vma=False))
+        out_specs=(specs, state_specs, P()), check_vma=check_vma))
 
 
 def init_opt_state(optimizer: optax.GradientTransformation, sharded_params: Params) -> object:
