@@ -109,7 +109,7 @@ def parse_nccl_tests(text: str) -> list[tuple[int, float]]:
             continue
         if header is not None and len(tokens) == len(header):
             value = tokens[header.index("busbw")]
-        elif len(tokens) >= 10 and header is not None:
+        elif len(tokens) >= 10:
             value = tokens[-6]
         else:
             continue
@@ -185,9 +185,13 @@ def _sizes(text: str) -> list[int]:
 def _expect(args: argparse.Namespace) -> None:
     from clusterlab import hardware
 
-    hardware.gpu(args.gpu)
-    if args.nic is not None:
-        hardware.link(args.nic)
+    for flag, value, lookup in (("--gpu", args.gpu, hardware.gpu),
+                                ("--nic", args.nic, hardware.link)):
+        if value is not None:
+            try:
+                lookup(value)
+            except ValueError as error:
+                raise ValueError(f"{flag} {value}: {error} Use one of these names.") from None
     if args.nodes < 1 or args.gpus_per_node < 1:
         raise ValueError("--nodes and --gpus-per-node must be positive integers.")
     measured = None
