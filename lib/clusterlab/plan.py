@@ -708,3 +708,159 @@ def describe_plan(plan: Plan) -> str:
         lines.append(f"tokens in the {w.time_budget_s / 86400:.1f}-day budget: "
                      f"{plan.tokens_in_budget:.3g}")
     return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------------------
+# The course's fabric comparison (chapters 01 and 08, lab 10): one configuration, one model
+# ---------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class DataParallelJob:
+    """A data-parallel training job as the fabric comparison prices it (no pipeline, no TP).
+
+    Attributes mirror :func:`data_parallel_step`; the gradients travel in BF16.
+    """
+
+    n_params: float                 # N, parameters
+    n_tokens: float                 # D, tokens to train on
+    tokens_per_step: float          # B, tokens in one global batch
+    compute_efficiency: float = 0.5  # fraction of peak the matrix multiplications reach
+    bytes_per_grad: int = 2          # BF16 gradients (2 bytes per value)
+
+    def __post_init__(self) -> None:
+        for name in ("n_params", "n_tokens", "tokens_per_step"):
+            positive(name, getattr(self, name))
+        count("bytes_per_grad", self.bytes_per_grad)
+
+    @property
+    def gradient_bytes(self) -> float:
+        """Bytes each GPU all-reduces per step: ``bytes_per_grad * n_params``."""
+        return self.bytes_per_grad * self.n_params
+
+    @property
+    def steps(self) -> float:
+        """Steps to train: ``n_tokens / tokens_per_step``."""
+        return self.n_tokens / self.tokens_per_step
+
+
+@dataclass(frozen=True)
+class FabricCluster:
+    """Nodes of GPUs and the NICs that join them, by names in :mod:`clusterlab.hardware`."""
+
+    name: str                # a label, e.g. "A"
+    gpu: str                 # key of hardware.GPUS
+    n_gpus: int              # GPUs, whole nodes
+    nic: str                 # key of hardware.LINKS: one NIC port between nodes
+    nics_per_node: int       # NIC ports per node (8: one per GPU, as in a DGX H100)
+    gpus_per_node: int = 8   # GPUs sharing the node's NVLink
+
+    def __post_init__(self) -> None:
+        hardware.gpu(self.gpu)
+        hardware.link(self.nic)
+        count("n_gpus", self.n_gpus)
+        count("nics_per_node", self.nics_per_node)
+        per_node = count("gpus_per_node", self.gpus_per_node)
+        if self.n_gpus % per_node:
+            raise ValueError(f"n_gpus ({self.n_gpus}) must be whole nodes of {per_node} GPUs; "
+                             f"use {per_node * math.ceil(self.n_gpus / per_node)}.")
+
+    @property
+    def n_nodes(self) -> int:
+        return self.n_gpus // self.gpus_per_node
+
+    @property
+    def network_bytes_per_s(self) -> float:
+        """Line rate of all of a node's NICs together, per direction (bytes/s)."""
+        return hardware.link(self.nic).bytes_per_s * self.nics_per_node
+
+    def describe(self) -> str:
+        """One line, e.g. ``256 x H100 (32 nodes), 8 x IB-NDR (400 Gb/s per port) per node``."""
+        link = hardware.link(self.nic)
+        return (f"{self.n_gpus} x {self.gpu} ({self.n_nodes} nodes), {self.nics_per_node} x "
+                f"{link.name} ({link.quoted}) per node")
+
+
+def fabric_step(job: DataParallelJob, cluster: FabricCluster, *, overlap: float = 0.0,
+                network_bytes_per_s: float | None = None) -> StepTime:
+    """One data-parallel step of ``job`` on ``cluster``: compute plus the exposed all-reduce.
+
+    The gradient all-reduce is :func:`clusterlab.costmodel.all_reduce_time` (the one model of
+    NCCL across nodes) over ``cluster.n_nodes x cluster.gpus_per_node`` GPUs and the node's NICs;
+    the step is :func:`data_parallel_step`.
+
+    Args:
+        job: the workload.
+        cluster: the GPUs and NICs.
+        overlap: the fraction of the all-reduce hidden behind the backward pass, in [0, 1].
+        network_bytes_per_s: replaces the node's NICs by this line rate per node (bytes/s per
+            direction), e.g. to sweep the fabric; None: ``cluster.nic x cluster.nics_per_node``.
+
+    Returns:
+        The :class:`StepTime`; ``job.steps * step.step_s`` is the time to train.
+    """
+    if not isinstance(job, DataParallelJob) or not isinstance(cluster, FabricCluster):
+        raise ValueError("fabric_step(job, cluster) takes a plan.DataParallelJob and a "
+                         "plan.FabricCluster, e.g. plan.FABRIC_JOB, plan.FABRIC_CLUSTERS['A'].")
+    network = ({} if network_bytes_per_s is None or cluster.n_nodes == 1
+               else {"network_bytes_per_s": positive("network_bytes_per_s", network_bytes_per_s)})
+    if not network and cluster.n_nodes > 1:
+        network = {"nic": cluster.nic, "nics_per_node": cluster.nics_per_node}
+    all_reduce_s = costmodel.all_reduce_time(job.gradient_bytes, gpu=cluster.gpu,
+                                             n_nodes=cluster.n_nodes,
+                                             gpus_per_node=cluster.gpus_per_node, **network)
+    return data_parallel_step(job.n_params, job.tokens_per_step, cluster.n_gpus,
+                              hardware.gpu(cluster.gpu),
+                              compute_efficiency=job.compute_efficiency,
+                              all_reduce_s=all_reduce_s, overlap=overlap)
+
+
+def network_to_match(job: DataParallelJob, cluster: FabricCluster, step_s: float, *,
+                     overlap: float = 0.0, max_bytes_per_s: float = 1e13) -> float:
+    """The smallest per-node network line rate at which ``cluster`` steps within ``step_s``.
+
+    Bisects :func:`fabric_step` over ``network_bytes_per_s`` (the step time does not grow with
+    the network's rate) to a relative precision of 1e-6.
+
+    Args:
+        job: the workload.
+        cluster: GPUs and nodes (its own NICs are replaced by the swept rate).
+        step_s: the step time to match, e.g. another cluster's ``fabric_step(...).step_s``.
+        overlap: as in :func:`fabric_step`.
+        max_bytes_per_s: the largest rate tried.
+
+    Returns:
+        Bytes/s per node, per direction; ``math.inf`` when even ``max_bytes_per_s`` is too slow
+        (compute or NVLink alone exceed ``step_s``); 0.0 on one node (no network).
+    """
+    step_s = positive("step_s", step_s)
+    if cluster.n_nodes == 1:
+        return 0.0 if fabric_step(job, cluster, overlap=overlap).step_s <= step_s else math.inf
+
+    def step_at(rate: float) -> float:
+        return fabric_step(job, cluster, overlap=overlap, network_bytes_per_s=rate).step_s
+
+    high = positive("max_bytes_per_s", max_bytes_per_s)
+    if step_at(high) > step_s:
+        return math.inf
+    low = high
+    while step_at(low) <= step_s:
+        low /= 2
+        if low < 1.0:
+            return low
+    while high / low > 1 + 1e-6:
+        middle = math.sqrt(low * high)
+        low, high = (low, middle) if step_at(middle) <= step_s else (middle, high)
+    return high
+
+
+#: The job of the course's fabric comparison: a 7B model on 2T tokens in 4M-token steps, at 50%
+#: of peak while computing (chapters 01 and 08, lab 10).
+FABRIC_JOB = DataParallelJob(n_params=7e9, n_tokens=2e12, tokens_per_step=2**22,
+                             compute_efficiency=0.5)
+#: The clusters it compares: A, 256 H100 with one 400G NDR port per GPU (a DGX H100's 8 per
+#: node); B, twice the GPUs with one 100 GbE port per node; B2, the same with 2 x 200 GbE.
+FABRIC_CLUSTERS = {
+    "A": FabricCluster("A", "H100", 256, "IB-NDR", 8),
+    "B": FabricCluster("B", "H100", 512, "Ethernet-100G", 1),
+    "B2": FabricCluster("B2", "H100", 512, "Ethernet-200G", 2),
+}
