@@ -2,9 +2,9 @@
 validation against published nccl-tests rows (clusterlab.published.nccl_tests).
 
 Errors asserted here are the ones reported in the model's docstrings and the issue note:
-on the rows that only test the model (role "test"), median |error| 3.5% at >= 128 MiB and
-52.6% at 1-16 MiB (the goal was 35%: small messages are under-priced on every published
-sweep, most on the 4-node B200 EFA cluster).
+on the rows that only test the model (role "test"), median |error| 3.2% at >= 128 MiB and
+25.7% at 1-16 MiB (goals: 15% and 35%). The worst rows: 8x B200 with NVLS, +28% from 128 MiB
+up; 4 nodes of B200 on EFA below 16 MiB, +74% to +228% (EFA's latency is not NCCL's IB one).
 """
 
 from __future__ import annotations
@@ -61,15 +61,15 @@ def test_launch_overhead_is_the_fit_on_the_set_sweep():
 def test_median_error_on_large_messages():
     table = costmodel.validation_table("test")
     assert len(table) == 94
-    assert costmodel.median_abs_error(table, min_bytes=128 * MIB) < 0.05     # 3.5% measured
+    assert costmodel.median_abs_error(table, min_bytes=128 * MIB) < 0.045    # 3.2% measured
 
 
 def test_median_error_on_1_to_16_mib():
     table = costmodel.validation_table("test")
     error = costmodel.median_abs_error(table, min_bytes=MIB, max_bytes=16 * MIB)
-    # 52.6%: above the 35% goal; the model expects more busbw than every published sweep gets
-    # at these sizes (NCCL's latency table plus one fitted launch cost is too small).
-    assert 0.45 < error < 0.56
+    # 25.7%: within the 35% goal; the model expects more busbw than the B200 EFA cluster gets
+    # (its latency is not NCCL's InfiniBand one) and than the A100 node at 1 and 16 MiB.
+    assert 0.2 < error < 0.3
 
 
 def test_multi_node_rows_at_large_sizes_within_five_percent():
@@ -91,9 +91,9 @@ def test_band_holds_the_healthy_published_rows():
             intra_node_bytes_per_s=row.intra_node_link_bytes_per_s, algorithm=row.algorithm)
         if not est.low_busbw <= row.busbw_gbps * 1e9:
             outside.append(row)
-    # Only the 4-node B200 EFA sweep at <= 1 MiB falls below the band (model far too fast).
-    assert len(outside) == 6
-    assert all("EFA" in r.system and r.size_bytes <= MIB for r in outside)
+    # Only the 4-node B200 EFA sweep below 1 MiB falls below the band (model far too fast).
+    assert len(outside) == 5
+    assert all("EFA" in r.system and r.size_bytes < MIB for r in outside)
 
 
 def test_a_model_without_nic_parallelism_fails_the_validation():
@@ -139,6 +139,15 @@ def test_nvls_only_where_nccl_picks_it():
     assert costmodel.cluster_collective("all_gather", 2**30, gpu="H100").algorithm == "ring"
     with pytest.raises(ValueError, match="cannot run all_reduce with algorithm 'nvls'"):
         costmodel.cluster_collective("all_reduce", 2**30, gpu="A100", algorithm="nvls")
+
+
+def test_ll128_only_where_nccl_enables_it():
+    # tuning.cc: "Enable LL128 by default only on Volta/Ampere+NVLink".
+    protocols = {gpu: {costmodel.cluster_collective("all_reduce", 2**k, gpu=gpu).protocol
+                       for k in range(12, 30)} for gpu in ("A100", "H100")}
+    assert "LL128" in protocols["A100"] and "LL128" not in protocols["H100"]
+    with pytest.raises(ValueError, match="No protocol 'LL128'"):
+        costmodel.cluster_collective("all_reduce", 2**20, gpu="H100", protocol="LL128")
 
 
 def test_small_messages_pick_a_low_latency_protocol():
