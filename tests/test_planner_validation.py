@@ -14,8 +14,8 @@ figure                                           published   predicted   error
 ==============================================  ==========  ==========  =======
 ring all-reduce busbw, 8 x H100 (NCCL #1455)     367.5 GB/s  368.7 GB/s  +0.3%
 NVLink SHARP all-reduce busbw, 8 x H100          480 GB/s    477.8 GB/s  -0.5%
-Megatron-LM 1T, 3072 A100 (HFU, recompute)       52%         50.9%       -2.0%
-PaLM 540B, 6144 TPU v4 (MFU)                     46.2%       40.5%       -12%
+Megatron-LM 1T, 3072 A100 (HFU, recompute)       52%         50.2%       -3.4%
+PaLM 540B, 6144 TPU v4 (MFU)                     46.2%       39.6%       -14%
 Llama 3 405B, 8192 H100 (MFU)                    43%         36.2%       -16%
 Llama 3 405B, 16384 H100 (MFU)                   41%         27.3%       -33%
 ==============================================  ==========  ==========  =======
@@ -79,10 +79,11 @@ def test_megatron_1t_on_3072_a100():
     cluster = plan.cluster("A100", 3072, storage_read_bytes_per_s=100e9, fabric_link="IB-HDR")
     predicted = plan.predict(workload, cluster, plan.Layout(dp=6, tp=8, pp=64))
     error = _error(predicted.hfu, 0.52)
-    # Error -2.0% (predicted HFU 50.9%): the 64-stage bubble (11% of the step), the
-    # tensor-parallel all-reduces (4%) and the pipeline sends (0.5%) lower it from the assumed
+    # Error -3.4% (predicted HFU 50.2%): the 64-stage bubble (11% of the step), the
+    # tensor-parallel all-reduces (5%, priced by costmodel.cluster_collective: NVLink at 82%
+    # of line rate plus latency) and the pipeline sends (0.5%) lower it from the assumed
     # 60%.
-    assert error == pytest.approx(-0.020, abs=0.01)
+    assert error == pytest.approx(-0.034, abs=0.01)
     assert abs(error) < 0.05
     assert predicted.mfu == pytest.approx(0.75 * predicted.hfu)
 
@@ -113,9 +114,11 @@ def test_palm_540b_on_6144_tpu_v4():
     predicted = plan.predict(workload, cluster,
                              plan.Layout(dp=512, tp=12, pp=1, zero_stage=3, micro_batch=4))
     error = _error(predicted.mfu, 0.462)
-    # Error -12.4% (predicted 40.5%): mostly the full recomputation the planner assumes.
-    assert error == pytest.approx(-0.124, abs=0.01)
-    assert abs(error) < 0.15
+    # Error -14.2% (predicted 39.6%): mostly the full recomputation the planner assumes; the
+    # rest is the planner pricing the pod's all-reduces as NCCL on NVLink would (82% of line
+    # rate, NCCL's latencies), which a TPU's ICI need not match.
+    assert error == pytest.approx(-0.142, abs=0.01)
+    assert abs(error) < 0.16
 
 
 LLAMA3_405B = plan.Workload(405e9, 8192, 2048, n_tokens=15.6e12, n_layers=126, d_model=16384)

@@ -481,8 +481,9 @@ def predict(workload: Workload, hw: Hardware, layout: Layout,
     * memory: :func:`clusterlab.memory.training_memory_per_device` of the ``N/(tp pp)``
       parameters each GPU holds, ZeRO-sharded over ``dp``;
     * compute: ``F (4/3 with recomputation) / (n peak e)`` for the step's model FLOPs ``F``;
-    * tensor parallel: ``m (L/pp) k`` ring all-reduces of ``b s d`` BF16 values over ``tp``
-      GPUs on the node interconnect (``k`` = 4, or 6 with recomputation);
+    * tensor parallel: ``m (L/pp) k`` all-reduces of ``b s d`` BF16 values over ``tp`` GPUs of
+      one node (``k`` = 4, or 6 with recomputation), each priced by
+      :func:`clusterlab.costmodel.cluster_collective` (ring or NVLS, latency by protocol);
     * pipeline sends: each of the ``v m`` micro-batches' activations ``b s d`` (1/tp of them
       per GPU) forward and their gradients back, over the fabric when neighbouring stages are
       on different nodes, not hidden;
@@ -534,8 +535,9 @@ def predict(workload: Workload, hw: Hardware, layout: Layout,
         act_bytes = layout.micro_batch * workload.seq_len * d_model * BYTES_PER_VALUE
         per_layer = (TP_ALL_REDUCES_PER_LAYER_RECOMPUTE if workload.recompute
                      else TP_ALL_REDUCES_PER_LAYER)
-        one_s = costmodel.collective_time("all_reduce", act_bytes, layout.tp,
-                                          hw.intra_node_bytes_per_s, hw.intra_node_latency_s)
+        one_s = costmodel.all_reduce_time(act_bytes, gpu=gpu, n_nodes=1,
+                                          gpus_per_node=layout.tp,
+                                          intra_node_bytes_per_s=hw.intra_node_bytes_per_s)
         tp_s = m * (n_layers / layout.pp) * per_layer * one_s
 
     pp_s = 0.0
