@@ -16,8 +16,9 @@ Two levels:
 
 Memory per GPU is the model states (:func:`clusterlab.memory.training_memory_per_device`) plus
 the activations the busiest pipeline stage keeps (:func:`clusterlab.memory.
-transformer_layer_activation_bytes`, with sequence parallelism whenever tp > 1). What the planner
-leaves out, on purpose: communication latency unless the hardware gives one, and failures (see
+transformer_layer_activation_bytes`, with sequence parallelism whenever tp > 1). Every
+all-reduce (tensor- and data-parallel) is priced by :func:`clusterlab.costmodel.cluster_collective`,
+latency included. What the planner leaves out, on purpose: failures (see
 :mod:`clusterlab.reliability`).
 
 Units: bytes, seconds, FLOPs, bytes/s per direction (1 GB = 1e9 bytes).
@@ -214,8 +215,8 @@ class Hardware:
     intra_node_bytes_per_s: float         # node interconnect (NVLink) per GPU
     fabric_bytes_per_s: float             # network between nodes: the NICs' share per GPU
     storage_read_bytes_per_s: float       # shared storage, sustained read for the whole cluster
-    intra_node_latency_s: float = 0.0     # alpha of one step inside a node (0: neglected)
-    fabric_latency_s: float = 0.0         # alpha of one step between nodes (0: neglected)
+    intra_node_latency_s: float = 0.0     # kept for callers; all-reduces use NCCL's latencies
+    fabric_latency_s: float = 0.0         # (costmodel.cluster_collective), not these
     name: str = ""                        # a label for tables
 
     def __post_init__(self) -> None:
