@@ -21,8 +21,8 @@ Llama 3 405B, 16384 H100 (MFU)                   41%         27.3%       -33%
 ==============================================  ==========  ==========  =======
 
 The bandwidth rows are priced by ``costmodel.cluster_collective`` (see
-``tests/test_network_model.py`` for its whole validation); the MFU model under-predicts Llama 3 because it prices the pipeline bubble
-of the plain 1F1B schedule, (p-1)/(m+p-1), while Llama 3 used an interleaved schedule that the
+``tests/test_network_model.py`` for its whole validation); the MFU model under-predicts Llama 3
+because it prices the pipeline bubble of the plain 1F1B schedule, (p-1)/(m+p-1), while Llama 3 used an interleaved schedule that the
 paper's table does not quantify.
 """
 

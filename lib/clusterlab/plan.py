@@ -9,7 +9,8 @@ Two levels:
   batch) on :class:`Hardware` (GPU, GPUs per node, node interconnect, fabric, storage) under a
   :class:`Layout` (data, tensor and pipeline parallel degrees, ZeRO stage) gives a :class:`Plan`:
   memory per device, a step split into compute, tensor-parallel all-reduces (inside a node),
-  the pipeline bubble, the data-parallel all-reduce (:func:`clusterlab.costmodel.cluster_collective`) and waiting
+  the pipeline bubble, the data-parallel all-reduce
+  (:func:`clusterlab.costmodel.cluster_collective`) and waiting
   for storage; MFU, time to train and the bottleneck. :func:`predict` prices one layout,
   :func:`rank_layouts` all layouts that fit, :func:`gpus_needed` the smallest cluster that meets
   a deadline.
