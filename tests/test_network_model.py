@@ -58,6 +58,14 @@ def test_launch_overhead_is_the_fit_on_the_set_sweep():
 
 # --- Validation ----------------------------------------------------------------------------------
 
+def test_validation_table_prints_one_line_per_row():
+    table = costmodel.validation_table("set")
+    text = costmodel.format_validation_table(table).splitlines()
+    assert len(text) == len(table) + 1
+    assert text[1].split()[-1] == f"{100 * table[0].error:+.1f}%"
+    assert "8 GiB" in text[1] and "370.00" in text[1]
+
+
 def test_median_error_on_large_messages():
     table = costmodel.validation_table("test")
     assert len(table) == 94

@@ -1170,6 +1170,20 @@ def validation_table(role: str | None = "test") -> list[ValidationRow]:
     return [_model_row(row) for row in nccl_tests.rows(role)]
 
 
+def format_validation_table(rows: Sequence[ValidationRow]) -> str:
+    """A fixed-width table of :func:`validation_table` rows: system, op, size, published and
+    model busbw (GB/s), the algorithm the model picks, and the error."""
+    lines = [f"{'system':<52} {'op':<14} {'size':>9} {'published':>9} {'model':>8} "
+             f"{'algorithm':>9} {'error':>7}"]
+    for r in rows:
+        size = (f"{r.size_bytes / 2**30:g} GiB" if r.size_bytes >= 2**30
+                else f"{r.size_bytes / 2**20:g} MiB" if r.size_bytes >= 2**20
+                else f"{r.size_bytes / 2**10:g} KiB")
+        lines.append(f"{r.system[:52]:<52} {r.op:<14} {size:>9} {r.published_gbps:9.2f} "
+                     f"{r.model_gbps:8.2f} {r.model_algorithm:>9} {100 * r.error:+6.1f}%")
+    return "\n".join(lines)
+
+
 def median_abs_error(rows: Sequence[ValidationRow], *, min_bytes: float = 0,
                      max_bytes: float = math.inf) -> float:
     """Median of ``|error|`` over the rows whose size lies in ``[min_bytes, max_bytes]``."""
