@@ -128,13 +128,22 @@ def test_above_line_rate_is_high(capsys, tmp_path):
 
 # --- Bad input: one line naming the fix -----------------------------------------------------------
 
+def test_a_log_of_another_collective_is_refused(capsys, tmp_path):
+    log = tmp_path / "ag.log"
+    log.write_text("# Collective test starting: all_gather_perf\n" + UNHEALTHY.read_text())
+    assert cli.main(["expect", "all_reduce", "--gpu", "H100", "--nodes", "3", "--measured",
+                     str(log)]) == 2
+    assert "is an all_gather_perf output; judge it with 'expect all_gather'" in \
+        capsys.readouterr().err
+
+
 @pytest.mark.parametrize("argv, message", [
     (["--gpu", "X100", "--nodes", "1"], "--gpu X100: Unknown GPU 'X100'. Known GPUs: V100"),
     (["--gpu", "H100", "--nodes", "2", "--nic", "IB-QDR"], "--nic IB-QDR: Unknown link"),
     (["--gpu", "H100", "--nodes", "1", "--sizes", "64M,1M"], "--sizes must increase"),
     (["--gpu", "H100", "--nodes", "1", "--sizes", "1Q"], "Cannot read '1Q' as a size"),
     (["--gpu", "H100", "--nodes", "1", "--measured", "/no/such/file"], "Cannot read /no/such"),
-    (["--gpu", "H100", "--nodes", "1", "--measured", str(Path(__file__))],
+    (["--gpu", "H100", "--nodes", "1", "--measured", str(DATA.parent.parent / "pyproject.toml")],
      "holds no nccl-tests table"),
     (["--gpu", "H100", "--nodes", "0"], "positive integers"),
 ])

@@ -136,3 +136,14 @@ def test_specs_are_frozen():
         hardware.gpu("H100").bf16_flops = 0.0
     with pytest.raises(dataclasses.FrozenInstanceError):
         hardware.link("NVLink4").bytes_per_s = 0.0
+
+
+def test_each_gpu_names_its_pcie_generation():
+    # The GPU's host link bounds the NIC traffic it can drive (costmodel.cluster_collective).
+    expected = {"V100": "PCIe3x16", "A100": "PCIe4x16", "H100": "PCIe5x16", "H200": "PCIe5x16",
+                "B200": "PCIe5x16"}
+    assert {name: spec.pcie for name, spec in hardware.GPUS.items()} == expected
+    for spec in hardware.GPUS.values():
+        assert hardware.link(spec.pcie).bytes_per_s < spec.nvlink_bytes_per_s
+    for name in ("V100", "A100"):
+        assert "PCIe Gen" in hardware.gpu(name).source

@@ -203,6 +203,11 @@ def _expect(args: argparse.Namespace) -> None:
             raise ValueError(f"Cannot read {args.measured}: {error.strerror}; give the path of "
                              "a file holding an nccl-tests output (e.g. all_reduce_perf ... > "
                              "log).") from None
+        named = re.search(r"\b(all_reduce|all_gather|reduce_scatter|alltoall)_perf\b", text)
+        if named and named.group(1).replace("alltoall", "all_to_all") != args.op:
+            found = named.group(1).replace("alltoall", "all_to_all")
+            raise ValueError(f"{args.measured} is an {named.group(1)}_perf output; judge it with "
+                             f"'expect {found}', not '{args.op}'.")
         parsed = parse_nccl_tests(text)
         if not parsed:
             raise ValueError(f"{args.measured} holds no nccl-tests table (rows of size, count, "
