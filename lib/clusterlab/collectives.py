@@ -383,7 +383,8 @@ def reduce_from_model_parallel(x: jax.Array, axis_name: str) -> jax.Array:
     of the weight times its slice of the hidden activation); the all-reduce completes it on
     every device. The output is replicated, so its gradient is already whole on every device
     and passes back unchanged: with ``check_vma=True`` that is JAX's own transpose of ``psum``;
-    with ``check_vma=False`` a custom_vjp says so.
+    with ``check_vma=False`` a custom_vjp says so. With an axis of size 1 it does nothing (its
+    output then keeps a per-device type, so a one-device step runs with ``check_vma=False``).
 
     Args:
         x: f32[...], this device's partial sum.
