@@ -956,7 +956,9 @@ def _candidates(op, fabric, n_nodes, gpus_per_node, sharp, forced):
         # so its algbw cannot pass the node's network.
         capacity = intra if n_nodes <= 2 else min(intra, net)
         tree = min(0.9 * capacity, factor * net, (110e9 if n_nodes <= 2 else 80e9))
-        out.append(("tree", tree, intra_name if capacity == intra else net_name, ring_line))
+        tree_bound = (net_name if tree == factor * net
+                      else intra_name if capacity == intra else net_name)
+        out.append(("tree", tree, tree_bound, ring_line))
         if fabric.nvls and forced == "nvls_tree":
             nvls_node = nvls_algbw * busbw_factor("all_reduce", gpus_per_node)
             nvls_tree = 0.9 * min(nvls_node, net)
