@@ -191,9 +191,10 @@ def test_launcher_2x2_prefixes_output_and_checks_collectives():
     lines = done.stdout.splitlines()
     for rank in (0, 1):
         assert any(line.startswith(f"[{rank}] process {rank} of 2 (clusterlab.launch): mesh "
-                                   "(2, 2) (hosts, devices), 2 local device(s), collectives "
-                                   "correct: True") for line in lines), done.stdout
-    assert "[0] devices: 4 x cpu:cpu" in lines
+                                   "(2, 2) (hosts, devices), 2 local device(s), all-reduces "
+                                   "equal numpy's") for line in lines), done.stdout
+    assert any(line.startswith("[0] devices: 4 CPU devices over 2 processes on 2 simulated "
+                               "devices each") for line in lines), done.stdout
     assert "Gloo" not in done.stdout
 
 
@@ -216,6 +217,8 @@ def test_training_across_processes_equals_one_device():
     assert first["mesh_shape"] == [2, 2]
     assert first["losses"] == second["losses"]  # every process holds the same replicated loss
     assert first["max_abs_diff"] < 1e-5
+    assert first["grad_rel_diff_pmean"] < 1e-5
+    assert 2.5 < first["grad_rel_diff_psum"] < 3.5  # summed over 4 devices: 4 x, off by 3 x
     np.testing.assert_allclose(first["losses"], first["reference_losses"], rtol=1e-5)
     assert first["losses"][-1] < first["losses"][0]
 

@@ -111,10 +111,12 @@ def describe(devices: Sequence[jax.Device] | None = None) -> str:
         what = (f"{len(devices)} devices: {len(devices) - len(cpus)} accelerator(s) and "
                 f"{len(cpus)} CPU device(s)")
     elif cpus:
-        per_process = max(len(devices) // processes, 1)
-        what = _cpu_devices_phrase(per_process, of=len(jax.local_devices(backend="cpu")))
         if processes > 1:
-            what = f"{len(devices)} CPU devices in all; in each process, {what}"
+            what = (f"{len(devices)} CPU devices over {processes} processes on "
+                    f"{_plural(len(jax.local_devices(backend='cpu')), 'simulated device')} "
+                    f"each, all sharing this host's {_plural(os.cpu_count() or 1, 'core')}")
+        else:
+            what = _cpu_devices_phrase(len(devices), of=len(jax.local_devices(backend="cpu")))
     else:
         kinds = ", ".join(sorted({f"{d.platform.upper()} {d.device_kind}" for d in devices}))
         what = f"{_plural(len(devices), 'accelerator')} ({kinds}), real devices"

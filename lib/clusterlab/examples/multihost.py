@@ -129,7 +129,10 @@ def train_check(*, steps: int = 5, batch_size: int = 32, d_model: int = 16, d_hi
 
     Returns:
         ``losses`` (rounded to 6 decimals), and on process 0 ``max_abs_diff``: the largest
-        parameter difference from the single-device run (``None`` on the other processes).
+        parameter difference from the single-device run (``None`` on the other processes), and
+        ``grad_rel_diff_pmean`` / ``grad_rel_diff_psum``: the first batch's gradients averaged
+        (correct) or summed (a negative control) over all devices, against one device's, as
+        the largest difference over the largest gradient.
     """
     import optax
 
@@ -179,6 +182,19 @@ def train_check(*, steps: int = 5, batch_size: int = 32, d_model: int = 16, d_hi
         params, opt_state, loss = step(params, opt_state, xg, yg)
         losses.append(round(float(loss.addressable_data(0)), 6))
     result = {"process": rank, "mesh_shape": [h, d], "losses": losses, "max_abs_diff": None}
+    # The first batch's gradients, averaged over every device (pmean) and, as a negative
+    # control, summed (psum: the bug a mean-for-sum mistake makes), for process 0 to compare
+    # with one device's: Adam's update would hide a wrong factor, the gradients do not.
+    grads = {}
+    for reduce_name, reduce in (("pmean", jax.lax.pmean), ("psum", jax.lax.psum)):
+        grad_fn = jax.jit(jax.shard_map(
+            lambda p_, xb, yb, reduce=reduce: reduce(jax.grad(models.mse_loss)(p_, xb, yb), BOTH),
+            mesh=mesh, in_specs=(P(), P(BOTH), P(BOTH)), out_specs=P(), check_vma=False))
+        xb, yb = batches[0]
+        mine = slice(rank * per_process, (rank + 1) * per_process)
+        g = grad_fn(jax.device_put(params0, replicated), _global(mesh, xb[mine]),
+                    _global(mesh, yb[mine]))
+        grads[reduce_name] = jax.tree.map(lambda a: np.asarray(a.addressable_data(0)), g)
     local_params = jax.tree.map(lambda a: np.asarray(a.addressable_data(0)), params)
     if rank == 0:
         with jax.default_device(cpu0):
@@ -186,6 +202,11 @@ def train_check(*, steps: int = 5, batch_size: int = 32, d_model: int = 16, d_hi
                                                             optimizer=optimizer)
         result["max_abs_diff"] = models.max_abs_diff(jax.device_get(ref_params), local_params)
         result["reference_losses"] = [round(float(v), 6) for v in ref_losses]
+        with jax.default_device(cpu0):
+            ref_grads = jax.device_get(jax.jit(jax.grad(models.mse_loss))(params0, *batches[0]))
+        scale = max(float(np.max(np.abs(g))) for g in jax.tree.leaves(ref_grads))
+        for reduce_name, g in grads.items():
+            result[f"grad_rel_diff_{reduce_name}"] = models.max_abs_diff(ref_grads, g) / scale
     return result
 
 
@@ -228,9 +249,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if env.process_id == 0:
         devices.describe()
     result = collectives_check()
+    verdict = "equal numpy's" if result["ok"] else "DIFFER from numpy's"
     print(f"process {env.process_id} of {env.num_processes} ({env.source}): mesh "
           f"{tuple(result['mesh_shape'])} (hosts, devices), {len(jax.local_devices())} local "
-          f"device(s), collectives correct: {result['ok']}")
+          f"device(s), all-reduces {verdict}")
     return 0 if result["ok"] else 1
 
 
