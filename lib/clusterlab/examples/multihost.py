@@ -34,6 +34,7 @@ _ALL_REDUCES = {
     "hierarchical": lambda b: collectives.hierarchical_all_reduce(
         b, intra_axis=DEVICES, inter_axis=HOSTS),
 }
+_COUNTED_OPS = ("all-reduce", "reduce-scatter", "all-gather", "collective-permute")
 _LABELS = {"intra": "within a process (devices)", "inter": "across processes (hosts)",
            "flat": "whole mesh (flat)", "hierarchical": "whole mesh (hierarchical)"}
 
@@ -56,7 +57,8 @@ def collectives_check(elements: int = 4) -> dict:
 
     Returns:
         ``mesh_shape``, per collective the ``(hosts, devices)`` table of first entries it gave,
-        and ``ok``: whether every collective matched numpy exactly.
+        ``ok``: whether every collective matched numpy exactly, and ``ops``: per collective,
+        how many instructions of each collective kind XLA compiled into its program.
     """
     mesh = distributed.host_mesh(BOTH)
     h, d = mesh.devices.shape
@@ -71,13 +73,15 @@ def collectives_check(elements: int = 4) -> dict:
         "whole mesh (flat)": np.full((h, d), values.sum()),
         "whole mesh (hierarchical)": np.full((h, d), values.sum()),
     }
-    tables, ok = {}, True
+    tables, ok, ops = {}, True, {}
     for name, body in runs.items():
-        out = multihost_utils.process_allgather(_per_device(mesh, body)(x), tiled=True)
+        program = _per_device(mesh, body)
+        ops[name] = {op: collectives.hlo_op_count(program, x, op=op) for op in _COUNTED_OPS}
+        out = multihost_utils.process_allgather(program(x), tiled=True)
         out = np.asarray(out).reshape(h, d, elements)  # out: f32[h, d, e]
         ok &= bool(np.array_equal(out, np.repeat(expected[name][..., None], elements, -1)))
         tables[name] = out[..., 0].astype(int).tolist()
-    return {"mesh_shape": [h, d], "process": rank, "tables": tables, "ok": ok}
+    return {"mesh_shape": [h, d], "process": rank, "tables": tables, "ok": ok, "ops": ops}
 
 
 def measure_collectives(sizes_bytes: Sequence[int], *, repeats: int = 7) -> dict:
