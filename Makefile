@@ -31,6 +31,7 @@ student: $(READY)
 
 ## test: the whole suite: library unit tests, the labs against their stored outputs, the book
 test: $(READY)
+	tests/system_deps.sh
 	$(BIN)/python -m pytest tests labs --nbval --nbval-current-env \
 		--nbval-sanitize-with tests/nbval_sanitize.cfg --nbval-cell-timeout=600
 
