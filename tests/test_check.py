@@ -84,3 +84,27 @@ def test_equal_fails_without_a_hint(capsys):
 def test_equal_without_an_answer(answer, capsys):
     assert check.equal(answer, "ring") is False
     assert _verdict(capsys) == "✗ answer: no answer yet; replace the ... with your value."
+
+
+def test_close_requires_the_expected_shape(capsys):
+    assert check.close(np.ones((1, 8)), np.ones(8), name="row") is False
+    assert _verdict(capsys) == "✗ row has shape (1, 8); expected shape (8,)."
+
+
+@pytest.mark.parametrize("answer, expected", [([4, 6], (4, 6)), (np.arange(3), np.arange(3)),
+                                              ((1, [2, 3]), [1, (2, 3)])])
+def test_equal_accepts_lists_for_tuples_and_arrays(answer, expected, capsys):
+    assert check.equal(answer, expected) is True
+    assert _verdict(capsys) == "✓ answer is correct."
+
+
+@pytest.mark.parametrize("answer, expected", [([4, 7], (4, 6)), (np.arange(3), np.arange(4)),
+                                              (np.array([0, 1, 3]), np.arange(3))])
+def test_equal_rejects_other_values_and_shapes(answer, expected, capsys):
+    assert check.equal(answer, expected) is False
+    assert _verdict(capsys).startswith("✗ answer is not right.")
+
+
+def test_close_takes_one_value_in_any_shape(capsys):
+    assert check.close(np.array([2.0]), 2.0) is True
+    assert _verdict(capsys) == "✓ answer is correct."

@@ -44,10 +44,16 @@ def close(answer, expected, *, rtol: float = 1e-3, atol: float = 0.0, hint: str 
     if answer is None or answer is Ellipsis:
         return _fail(f"✗ {name}: no answer yet; replace the ... with your value.")
     try:
-        passed = bool(np.allclose(np.asarray(answer, dtype=float),
-                                  np.asarray(expected, dtype=float), rtol=rtol, atol=atol))
+        answer_array = np.asarray(answer, dtype=float)
+        expected_array = np.asarray(expected, dtype=float)
     except (TypeError, ValueError):
         return _fail(f"✗ {name}: expected a number, got {answer!r}.")
+    # one value is one value, whatever its shape; anything larger must match (no broadcasting)
+    one_value = answer_array.size == expected_array.size == 1
+    if answer_array.shape != expected_array.shape and not one_value:
+        return _fail(f"✗ {name} has shape {answer_array.shape}; expected shape "
+                     f"{expected_array.shape}.")
+    passed = bool(np.allclose(answer_array, expected_array, rtol=rtol, atol=atol))
     if passed:
         print(f"✓ {name} is correct.")
         return True
@@ -59,7 +65,7 @@ def equal(answer, expected, *, hint: str = "", name: str = "answer") -> bool:
     """Check an exact answer: a string, an integer, a tuple of names."""
     if answer is None or answer is Ellipsis:
         return _fail(f"✗ {name}: no answer yet; replace the ... with your value.")
-    if answer == expected:
+    if _exactly_equal(answer, expected):
         print(f"✓ {name} is correct.")
         return True
     return _fail(f"✗ {name} is not right. {hint}".rstrip())
@@ -201,3 +207,11 @@ def _as_comparable(value):
     if isinstance(value, dict):
         return {k: _as_comparable(v) for k, v in value.items()}
     return value
+
+
+def _exactly_equal(answer, expected) -> bool:
+    """Equality that accepts arrays (same shape, every element) and lists for tuples."""
+    if _is_array(answer) or _is_array(expected):
+        a, e = np.asarray(answer), np.asarray(expected)
+        return a.shape == e.shape and bool(np.all(a == e))
+    return _as_comparable(answer) == _as_comparable(expected)
