@@ -1,0 +1,219 @@
+"""clusterlab.fabric: the flow-level model of collectives with contention.
+
+Where the answer is known it must come out: max-min fairness on a textbook example; the closed
+form of a step against the event-driven loop; without contention, the course's one network
+model (costmodel.cluster_collective) and the three-phase hierarchical formula; d-mod-k routing
+is non-blocking for a shift permutation on a non-blocking fat tree; oversubscription and ECMP
+collisions cost what counting flows per link says. SimGrid cross-checks the sharing itself in
+tests/test_fabric_simgrid.py.
+
+What "equal to cluster_collective" means here (asserted below, to 1e-12 relative): the
+configuration is a topology-aware ring all-reduce (one ring per NIC, rail-aligned between
+servers) of H100 servers with 8 GPUs and 8 NICs each on a non-blocking rail-optimized fabric,
+every NVLink and network link at costmodel's measured efficiencies (NVLINK_EFFICIENCY,
+NIC_EFFICIENCY), latencies set to zero. Then the flow model's time equals cluster_collective's
+bandwidth term ``nbytes / algbw`` for ring/Simple (its time minus its latency, obtained as
+``t(2S) - t(S)``) when the network is the bottleneck (HDR NICs), and on one server. When NVLink
+is the bottleneck across servers the two differ on purpose: cluster_collective charges every
+channel to NVLink, while in the flow model the GPU that hands its channel to the NIC does not
+cross NVLink, so a GPU carries 7 of 8 channels on NVLink (asserted as the 8/7 ratio).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+from clusterlab import costmodel, fabric, topology
+
+GIB = 2**30
+NVLINK = 450e9          # H100 NVLink4 per direction
+HDR, NDR = 25e9, 50e9   # one NIC port per direction
+
+
+def _rail(n_nodes, nic, **kw):
+    graph = topology.rail_optimized(n_nodes, 8, nic_bytes_per_s=nic, nvlink_bytes_per_s=NVLINK,
+                                    **kw)
+    return fabric.Fabric(graph, net_hop_latency_s=0.0, nvlink_hop_latency_s=0.0)
+
+
+def _bandwidth_term(op, nbytes, **kw):
+    """cluster_collective's time without its latency: t(2S) - t(S) (latency is size-free)."""
+    one = costmodel.cluster_collective(op, nbytes, **kw).time_s
+    two = costmodel.cluster_collective(op, 2 * nbytes, **kw).time_s
+    return two - one
+
+
+# --- Max-min fairness ----------------------------------------------------------------------------
+
+def test_max_min_rates_textbook_example():
+    # Link A (10) carries flows 0 and 1; link B (4) carries flows 1, 2, 3. B fills first at
+    # 4/3 each; flow 0 then takes the rest of A: 10 - 4/3.
+    incidence = sp.csr_matrix(np.array([[1, 1, 0, 0], [0, 1, 1, 1]], dtype=float))
+    rates = fabric.max_min_rates(incidence, np.array([10.0, 4.0]))
+    np.testing.assert_allclose(rates, [10 - 4 / 3, 4 / 3, 4 / 3, 4 / 3], rtol=1e-12)
+
+
+def test_max_min_rejects_a_flow_without_links():
+    with pytest.raises(ValueError, match="crosses no link"):
+        fabric.max_min_rates(sp.csr_matrix((2, 1)), np.ones(2))
+
+
+def test_closed_form_equals_the_event_loop():
+    # A shuffled ring on a 2:1 fat tree with ECMP collides unevenly: several rate levels.
+    f = fabric.Fabric(topology.fat_tree(8, 8, 4, 50e9), net_hop_latency_s=0.0)
+    ranks = np.random.default_rng(0).permutation(64)
+    step = fabric.steps(f, "all_reduce", GIB, ranks, aware=False)[0]
+    incidence, flow_of, _ = f.route(step.src, step.dst, policy="ecmp", seed=3, qps=2)
+    size = np.full(incidence.shape[1], 1e6)
+    rates = fabric.max_min_rates(incidence, f.capacity_bytes_per_s)
+    assert np.ptp(rates) > 0.1 * rates.max()          # really contended, several levels
+    closed = fabric.step_seconds(incidence, f.capacity_bytes_per_s, size)
+    events = fabric.fluid_seconds(incidence, f.capacity_bytes_per_s, size)
+    assert closed == pytest.approx(events, rel=1e-9)
+
+
+# --- Without contention: the network model --------------------------------------------------------
+
+@pytest.mark.parametrize("n_nodes", [2, 4, 16])
+def test_network_bound_ring_equals_cluster_collective(n_nodes):
+    f = _rail(n_nodes, HDR)
+    ours = fabric.collective(f, "all_reduce", GIB, policy="ecmp")
+    theirs = _bandwidth_term("all_reduce", GIB, gpu="H100", n_nodes=n_nodes, nic="IB-HDR",
+                             algorithm="ring", protocol="Simple")
+    assert ours.latency_s == 0
+    assert ours.time_s == pytest.approx(theirs, rel=1e-12)
+
+
+def test_one_server_ring_equals_cluster_collective():
+    f = _rail(1, NDR)
+    ours = fabric.collective(f, "all_reduce", GIB)
+    theirs = _bandwidth_term("all_reduce", GIB, gpu="H100", n_nodes=1, algorithm="ring",
+                             protocol="Simple")
+    assert ours.time_s == pytest.approx(theirs, rel=1e-12)
+
+
+def test_nvlink_bound_ring_differs_by_the_channel_on_the_nic():
+    f = _rail(4, NDR)
+    ours = fabric.collective(f, "all_reduce", GIB)
+    theirs = _bandwidth_term("all_reduce", GIB, gpu="H100", n_nodes=4, nic="IB-NDR",
+                             algorithm="ring", protocol="Simple")
+    intra = costmodel.NVLINK_EFFICIENCY * NVLINK
+    net = 8 * costmodel.NIC_EFFICIENCY * NDR
+    assert theirs / ours.time_s == pytest.approx(min(8 / 7 * intra, net) / min(intra, net),
+                                                 rel=1e-12)
+
+
+@pytest.mark.parametrize("nic,name", [(HDR, "IB-HDR"), (NDR, "IB-NDR")])
+def test_sprayed_all_to_all_equals_cluster_collective(nic, name):
+    f = _rail(4, nic)
+    ours = fabric.collective(f, "all_to_all", GIB, policy="spray")
+    theirs = _bandwidth_term("all_to_all", GIB, gpu="H100", n_nodes=4, nic=name)
+    assert ours.time_s == pytest.approx(theirs, rel=1e-12)
+
+
+def test_hierarchical_equals_the_three_phase_formula():
+    f = _rail(4, HDR)
+    ours = fabric.collective(f, "all_reduce", GIB, algorithm="hierarchical")
+    formula = costmodel.hierarchical_all_reduce_time(
+        GIB, 8, 4, costmodel.NVLINK_EFFICIENCY * NVLINK, costmodel.NIC_EFFICIENCY * HDR)
+    assert ours.time_s == pytest.approx(formula, rel=1e-12)
+
+
+def test_latency_is_counted_per_step_along_the_longest_path():
+    graph = topology.fat_tree(2, 2, 1, 50e9)
+    f = fabric.Fabric(graph, net_hop_latency_s=1e-6)
+    result = fabric.collective(f, "all_gather", 4e6)      # ring 0-1-2-3: hops 2, 4, 2, 4
+    assert result.steps == 3
+    assert result.latency_s == pytest.approx(3 * 4e-6, rel=1e-12)
+    assert result.time_s == pytest.approx(result.transfer_s + result.latency_s)
+
+
+# --- Contention --------------------------------------------------------------------------------
+
+def test_dmodk_is_non_blocking_for_a_shift_permutation():
+    # Zahavi (2010): on a non-blocking fat tree d-mod-k routes any shift permutation without
+    # two flows on one link, so a ring in host order runs at line rate.
+    f = fabric.Fabric(topology.fat_tree(8, 8, 8, 50e9), net_hop_latency_s=0.0)
+    ring = fabric.collective(f, "all_gather", GIB, policy="dmodk")
+    line = 63 / 64 * GIB / (costmodel.NIC_EFFICIENCY * 50e9)
+    assert ring.time_s == pytest.approx(line, rel=1e-12)
+
+
+def test_ecmp_collisions_slow_a_shuffled_ring_and_spraying_removes_them():
+    f = fabric.Fabric(topology.fat_tree(8, 8, 8, 50e9), net_hop_latency_s=0.0)
+    ranks = np.random.default_rng(0).permutation(64)
+    line = 63 / 64 * GIB / (costmodel.NIC_EFFICIENCY * 50e9)
+    spray = fabric.collective(f, "all_gather", GIB, ranks, aware=False, policy="spray")
+    assert spray.time_s == pytest.approx(line, rel=1e-12)
+    ecmp = [fabric.collective(f, "all_gather", GIB, ranks, aware=False, seed=s).time_s
+            for s in range(4)]
+    # Each seed's slowdown is a whole number: the most flows hashed onto one link.
+    slowdown = np.array(ecmp) / line
+    np.testing.assert_allclose(slowdown, np.round(slowdown), rtol=1e-9)
+    assert slowdown.min() >= 2
+
+
+def test_more_queue_pairs_never_hurt_on_average():
+    f = fabric.Fabric(topology.fat_tree(8, 8, 8, 50e9), net_hop_latency_s=0.0)
+    ranks = np.random.default_rng(0).permutation(64)
+    mean = {q: np.mean([fabric.collective(f, "all_gather", GIB, ranks, aware=False, seed=s,
+                                          qps=q).time_s for s in range(8)]) for q in (1, 16)}
+    spray = fabric.collective(f, "all_gather", GIB, ranks, aware=False, policy="spray").time_s
+    assert spray < mean[16] < mean[1]
+
+
+def test_oversubscription_halves_a_ring_that_crosses_every_leaf():
+    # 2:1 leaves, and the shuffled ring sends every host's flow off its leaf (sprayed).
+    f = fabric.Fabric(topology.fat_tree(4, 4, 2, 50e9), net_hop_latency_s=0.0)
+    ranks = np.arange(16).reshape(4, 4).T.ravel()       # 0, 4, 8, 12, 1, 5, ...: leaf to leaf
+    ring = fabric.collective(f, "all_gather", GIB, ranks, aware=False, policy="spray")
+    line = 15 / 16 * GIB / (costmodel.NIC_EFFICIENCY * 50e9)
+    assert ring.time_s == pytest.approx(2 * line, rel=1e-12)
+
+
+def test_pxn_keeps_cross_rail_traffic_off_the_spines():
+    f = _rail(4, NDR, nodes_per_group=4)
+    ranks = [0, 9, 18, 27]                  # one GPU per server, each on another rail
+    step = fabric.steps(f, "all_to_all", GIB, ranks)[0]
+    spines = np.array([f.names[h].startswith("spine") for h in f.head])
+    for pxn, expect_spine in ((False, True), (True, False)):
+        incidence, _, _ = f.route(step.src, step.dst, pxn=pxn)
+        on_spines = incidence[spines].sum() > 0
+        assert on_spines == expect_spine
+
+
+def test_skewed_load_slows_the_all_to_all():
+    f = _rail(4, NDR)
+    even = fabric.collective(f, "all_to_all", GIB, policy="spray")
+    load = np.ones(32)
+    load[0] = 4.0
+    skewed = fabric.collective(f, "all_to_all", GIB, policy="spray", load=load)
+    assert skewed.time_s > 1.5 * even.time_s
+
+
+# --- Bad input ----------------------------------------------------------------------------------
+
+def test_bad_input_names_the_fix():
+    f = _rail(2, NDR)
+    with pytest.raises(ValueError, match="routing policy"):
+        fabric.collective(f, "all_reduce", GIB, policy="random")
+    with pytest.raises(ValueError, match="qps"):
+        fabric.collective(f, "all_reduce", GIB, qps=0)
+    with pytest.raises(ValueError, match="twice"):
+        fabric.collective(f, "all_reduce", GIB, ranks=[0, 1, 1])
+    with pytest.raises(ValueError, match="all_to_all"):
+        fabric.collective(f, "broadcast", GIB)
+    with pytest.raises(ValueError, match="ring or hierarchical"):
+        fabric.collective(f, "all_reduce", GIB, algorithm="tree")
+    with pytest.raises(ValueError, match="channels"):
+        fabric.collective(f, "all_reduce", GIB, channels=0)
+    with pytest.raises(ValueError, match="endpoint positions"):
+        fabric.collective(f, "all_reduce", GIB, ranks=[0, 99])
+    with pytest.raises(ValueError, match="share GPUs"):
+        fabric.collective(f, "all_reduce", GIB, groups=[[0, 1], [1, 2]])
+    with pytest.raises(ValueError, match="applies to all_to_all"):
+        fabric.collective(f, "all_reduce", GIB, load=[1.0] * 16)
+    with pytest.raises(ValueError, match="efficiency"):
+        fabric.Fabric(topology.fat_tree(2, 2, 1, 50e9), nic_efficiency=1.5)
