@@ -217,3 +217,17 @@ def test_bad_input_names_the_fix():
         fabric.collective(f, "all_reduce", GIB, load=[1.0] * 16)
     with pytest.raises(ValueError, match="efficiency"):
         fabric.Fabric(topology.fat_tree(2, 2, 1, 50e9), nic_efficiency=1.5)
+
+
+def test_sweep_runs_collective_per_value():
+    f = fabric.Fabric(topology.fat_tree(4, 4, 2, 50e9), net_hop_latency_s=0.0)
+    ranks = np.random.default_rng(0).permutation(16)
+    swept = fabric.sweep(f, "all_gather", GIB, over="seed", values=[0, 1, 2], ranks=ranks,
+                         aware=False, progress=False)
+    direct = [fabric.collective(f, "all_gather", GIB, ranks, aware=False, seed=s).time_s
+              for s in (0, 1, 2)]
+    assert [r.time_s for r in swept] == direct
+    with pytest.raises(ValueError, match="over must name"):
+        fabric.sweep(f, "all_gather", GIB, over="colour", values=[1])
+    with pytest.raises(ValueError, match="do not also fix"):
+        fabric.sweep(f, "all_gather", GIB, over="seed", values=[1], seed=2)
