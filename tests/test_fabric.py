@@ -231,3 +231,35 @@ def test_sweep_runs_collective_per_value():
         fabric.sweep(f, "all_gather", GIB, over="colour", values=[1])
     with pytest.raises(ValueError, match="do not also fix"):
         fabric.sweep(f, "all_gather", GIB, over="seed", values=[1], seed=2)
+
+
+# --- topology.rail_pods: the Llama-3-like fabric ---------------------------------------------------
+
+def test_rail_pods_oversubscribes_only_between_pods():
+    graph = topology.rail_pods(2, 8, nodes_per_group=4, spines_per_pod=2, n_cores=2,
+                               pod_oversubscription=7, nvlink_bytes_per_s=NVLINK)
+    assert topology.count_kinds(graph) == {"core": 2, "spine": 4, "leaf": 32, "nvswitch": 16,
+                                           "gpu": 128}
+    assert topology.oversubscription(graph, "pod0.su0.rail0") == pytest.approx(1.0)
+    assert topology.oversubscription(graph, "pod1.spine1") == pytest.approx(7.0)
+    assert graph.nodes["gpu64"]["pod"] == 1 and graph.nodes["gpu64"]["node"] == 8
+    # Inside a pod: non-blocking; across pods: a pod's spines carry 1/7 of its NICs.
+    pod0 = topology.endpoints(graph)[:64]
+    pod1 = topology.endpoints(graph)[64:]
+    assert topology.cut_bandwidth(graph, pod0, pod1) == pytest.approx(64 * 50e9 / 7)
+    with pytest.raises(ValueError, match="pod_oversubscription"):
+        topology.rail_pods(2, 8, pod_oversubscription=0.5)
+
+
+def test_an_all_to_all_across_pods_feels_the_oversubscription():
+    def busbw(oversubscription, groups):
+        graph = topology.rail_pods(2, 8, nodes_per_group=4, spines_per_pod=2, n_cores=2,
+                                   pod_oversubscription=oversubscription,
+                                   nvlink_bytes_per_s=NVLINK)
+        f = fabric.Fabric(graph, net_hop_latency_s=0.0, nvlink_hop_latency_s=0.0)
+        return fabric.collective(f, "all_to_all", GIB, groups=groups, policy="spray").busbw
+    # One group per rail: the 8 servers of pod 0, or 4 servers of each pod.
+    inside = [list(range(r, 64, 8)) for r in range(8)]
+    across = [list(range(r, 32, 8)) + list(range(64 + r, 96, 8)) for r in range(8)]
+    assert busbw(7, inside) == pytest.approx(busbw(1, inside), rel=1e-12)
+    assert busbw(7, across) < 0.5 * busbw(1, across)

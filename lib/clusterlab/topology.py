@@ -279,6 +279,82 @@ def rail_optimized(n_nodes: int, gpus_per_node: int = 8, *, nic_bytes_per_s: flo
     return graph
 
 
+def rail_pods(n_pods: int, nodes_per_pod: int, gpus_per_node: int = 8, *,
+              nic_bytes_per_s: float = 50e9, nodes_per_group: int | None = None,
+              spines_per_pod: int = 8, n_cores: int = 8, pod_oversubscription: float = 1.0,
+              nvlink_bytes_per_s: float | None = None) -> nx.Graph:
+    """Rail-optimized pods joined by a core tier that may be oversubscribed.
+
+    Each pod is a non-blocking :func:`rail_optimized` fabric of ``nodes_per_pod`` servers
+    (rail leaves in groups of ``nodes_per_group`` servers, ``spines_per_pod`` spines). Every
+    pod spine is cabled to every core; a spine's uplink capacity is its downlink capacity
+    divided by ``pod_oversubscription`` (7.0 for the 1:7 of the Llama 3 cluster, whose pods
+    hold 3,072 GPUs).
+
+    Args:
+        n_pods: number of pods.
+        nodes_per_pod: servers in each pod (GPUs: ``nodes_per_pod * gpus_per_node``).
+        gpus_per_node: GPUs (and NICs, and rails) per server.
+        nic_bytes_per_s: one NIC's rate per direction (also each leaf-spine cable).
+        nodes_per_group: servers per rail leaf (default: the whole pod on one leaf per rail).
+        spines_per_pod: spine switches in each pod.
+        n_cores: core switches.
+        pod_oversubscription: a pod spine's downlink over uplink capacity (>= 1).
+        nvlink_bytes_per_s: NVLink per GPU; ``None`` leaves NVLink out.
+
+    Returns:
+        A graph with endpoints ``gpu{node * gpus_per_node + r}`` (attributes ``node``,
+        ``local_rank``, ``pod``), leaves ``pod{p}.su{g}.rail{r}``, spines ``pod{p}.spine{k}``,
+        cores ``core{c}`` and, with NVLink, ``nvswitch{node}``.
+
+    References:
+        Dubey et al., "The Llama 3 Herd of Models", 2024, section 3.3.1 (3,072-GPU pods,
+        1:7 between pods).
+    """
+    for name, value in (("n_pods", n_pods), ("nodes_per_pod", nodes_per_pod),
+                        ("gpus_per_node", gpus_per_node), ("spines_per_pod", spines_per_pod),
+                        ("n_cores", n_cores)):
+        _check_count(name, value)
+    _check_rate("nic_bytes_per_s", nic_bytes_per_s)
+    if not (isinstance(pod_oversubscription, (int, float)) and pod_oversubscription >= 1):
+        raise ValueError(f"pod_oversubscription must be a number >= 1 (1 = non-blocking, 7 = "
+                         f"1:7), got {pod_oversubscription!r}.")
+    graph = nx.Graph(name=f"{n_pods} rail-optimized pods of {nodes_per_pod * gpus_per_node} "
+                          f"GPUs, 1:{pod_oversubscription:g} between pods")
+    cores = [f"core{c}" for c in range(n_cores)]
+    graph.add_nodes_from(cores, kind="core")
+    for p in range(n_pods):
+        pod = rail_optimized(nodes_per_pod, gpus_per_node, nic_bytes_per_s=nic_bytes_per_s,
+                             nodes_per_group=nodes_per_group, n_spines=spines_per_pod,
+                             nvlink_bytes_per_s=nvlink_bytes_per_s)
+        offset = p * nodes_per_pod
+
+        def rename(name, offset=offset, p=p):
+            kind = pod.nodes[name]["kind"]
+            if kind == ENDPOINT_KIND:
+                return f"gpu{offset * gpus_per_node + pod.nodes[name]['index']}"
+            if kind == "nvswitch":
+                return f"nvswitch{offset + pod.nodes[name]['node']}"
+            return f"pod{p}.{name}"
+
+        for name, attrs in pod.nodes(data=True):
+            attrs = dict(attrs, pod=p)
+            if attrs["kind"] == ENDPOINT_KIND:
+                attrs["index"] += offset * gpus_per_node
+                attrs["node"] += offset
+            elif attrs["kind"] == "nvswitch":
+                attrs["node"] += offset
+            graph.add_node(rename(name), **attrs)
+        for u, v, attrs in pod.edges(data=True):
+            graph.add_edge(rename(u), rename(v), **attrs)
+        for k in range(spines_per_pod):
+            spine = f"pod{p}.spine{k}"
+            down = sum(e["bytes_per_s"] for _, _, e in graph.edges(spine, data=True))
+            for core in cores:
+                _add_link(graph, spine, core, down / pod_oversubscription / n_cores)
+    return graph
+
+
 def from_fabric(spec, *, nvlink: bool = False) -> nx.Graph:
     """Build the rail-optimized graph of a vendor reference fabric from :mod:`clusterlab.hardware`.
 
