@@ -315,7 +315,8 @@ class KillReport:
         return (f"{len(self.kills)} SIGKILLs ({phases}); {self.resumes} resumes, "
                 f"{self.identical_resumes} bit-identical to the uninterrupted run, "
                 f"{self.corrupt_reads} corrupt reads; {self.half_written_skipped} half-written "
-                f"checkpoint{'' if self.half_written_skipped == 1 else 's'} skipped; final parameters bit-identical: {self.final_identical}; "
+                f"checkpoint{'' if self.half_written_skipped == 1 else 's'} skipped; final "
+                f"parameters {'bit-identical' if self.final_identical else 'DIFFERENT'}; "
                 f"{self.runs} runs in {self.elapsed_s:.0f} s")
 
 
