@@ -122,6 +122,15 @@ def measure_collectives(sizes_bytes: Sequence[int], *, repeats: int = 7) -> dict
             "median_s": medians, "relative_spread": spreads}
 
 
+def average_gradients(grads):
+    """The data-parallel gradient: the mean of every device's gradients over both mesh axes.
+
+    Used by :func:`train_check`'s training step and by its gradient check alike, so a wrong
+    reduction here (a ``psum`` for the ``pmean``) shows in the check.
+    """
+    return jax.lax.pmean(grads, BOTH)
+
+
 def train_check(*, steps: int = 5, batch_size: int = 32, d_model: int = 16, d_hidden: int = 32,
                 n_blocks: int = 2, seed: int = 0) -> dict:
     """Data-parallel training across every device of every process, against one device.
@@ -134,9 +143,9 @@ def train_check(*, steps: int = 5, batch_size: int = 32, d_model: int = 16, d_hi
     Returns:
         ``losses`` (rounded to 6 decimals), and on process 0 ``max_abs_diff``: the largest
         parameter difference from the single-device run (``None`` on the other processes), and
-        ``grad_rel_diff_pmean`` / ``grad_rel_diff_psum``: the first batch's gradients averaged
-        (correct) or summed (a negative control) over all devices, against one device's, as
-        the largest difference over the largest gradient.
+        ``grad_rel_diff`` / ``grad_rel_diff_summed``: the first batch's gradients reduced as
+        the step reduces them (:func:`average_gradients`) or summed (a negative control) over
+        all devices, against one device's, as the largest difference over the largest gradient.
     """
     import optax
 
@@ -167,7 +176,7 @@ def train_check(*, steps: int = 5, batch_size: int = 32, d_model: int = 16, d_hi
     def local_step(params, opt_state, xb, yb):
         # xb: f32[B/(h*d), D] on each device; params and opt_state replicated
         loss, grads = jax.value_and_grad(models.mse_loss)(params, xb, yb)
-        grads = jax.lax.pmean(grads, BOTH)
+        grads = average_gradients(grads)
         updates, opt_state = optimizer.update(grads, opt_state, params)
         return optax.apply_updates(params, updates), opt_state, jax.lax.pmean(loss, BOTH)
 
@@ -186,13 +195,14 @@ def train_check(*, steps: int = 5, batch_size: int = 32, d_model: int = 16, d_hi
         params, opt_state, loss = step(params, opt_state, xg, yg)
         losses.append(round(float(loss.addressable_data(0)), 6))
     result = {"process": rank, "mesh_shape": [h, d], "losses": losses, "max_abs_diff": None}
-    # The first batch's gradients, averaged over every device (pmean) and, as a negative
-    # control, summed (psum: the bug a mean-for-sum mistake makes), for process 0 to compare
-    # with one device's: Adam's update would hide a wrong factor, the gradients do not.
+    # The first batch's gradients, reduced as the training step reduces them and, as a
+    # negative control, summed (psum: the bug a sum-for-mean mistake makes), for process 0 to
+    # compare with one device's: Adam's update would hide a wrong factor, the gradients do not.
     grads = {}
-    for reduce_name, reduce in (("pmean", jax.lax.pmean), ("psum", jax.lax.psum)):
+    for reduce_name, reduce in (("", average_gradients),
+                                ("_summed", lambda g: jax.lax.psum(g, BOTH))):
         grad_fn = jax.jit(jax.shard_map(
-            lambda p_, xb, yb, reduce=reduce: reduce(jax.grad(models.mse_loss)(p_, xb, yb), BOTH),
+            lambda p_, xb, yb, reduce=reduce: reduce(jax.grad(models.mse_loss)(p_, xb, yb)),
             mesh=mesh, in_specs=(P(), P(BOTH), P(BOTH)), out_specs=P(), check_vma=False))
         xb, yb = batches[0]
         mine = slice(rank * per_process, (rank + 1) * per_process)
@@ -210,7 +220,7 @@ def train_check(*, steps: int = 5, batch_size: int = 32, d_model: int = 16, d_hi
             ref_grads = jax.device_get(jax.jit(jax.grad(models.mse_loss))(params0, *batches[0]))
         scale = max(float(np.max(np.abs(g))) for g in jax.tree.leaves(ref_grads))
         for reduce_name, g in grads.items():
-            result[f"grad_rel_diff_{reduce_name}"] = models.max_abs_diff(ref_grads, g) / scale
+            result[f"grad_rel_diff{reduce_name}"] = models.max_abs_diff(ref_grads, g) / scale
     return result
 
 
