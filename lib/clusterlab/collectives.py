@@ -458,9 +458,11 @@ def all_reduce_gradients(grads, axis_name: str, *, bucket_bytes: int | None = No
         axis_name: the data-parallel axis.
         bucket_bytes: None for one all-reduce per leaf (left to XLA to combine), or the bucket
             size in bytes, a multiple of the gradients' item size; all leaves share one dtype.
+        mean: divide the sum by p (``pmean``); False keeps the sum (``psum``), right only for a
+            loss already divided by the global batch size, as in :func:`reduce_scatter_gradients`.
 
     Returns:
-        The pytree of means, the same structure and shapes as ``grads``.
+        The pytree of means (or sums), the same structure and shapes as ``grads``.
 
     References:
         Li et al., "PyTorch Distributed: Experiences on Accelerating Data Parallel Training",
@@ -471,8 +473,9 @@ def all_reduce_gradients(grads, axis_name: str, *, bucket_bytes: int | None = No
     p = jax.lax.axis_size(axis_name)
     if p == 1:
         return grads
+    reduce = jax.lax.pmean if mean else jax.lax.psum
     if bucket_bytes is None:
-        return jax.tree.map(lambda g: jax.lax.pmean(g, axis_name), grads)
+        return jax.tree.map(lambda g: reduce(g, axis_name), grads)
     leaves, treedef = jax.tree.flatten(grads)
     dtypes = {leaf.dtype for leaf in leaves}
     if len(dtypes) != 1:
@@ -485,7 +488,7 @@ def all_reduce_gradients(grads, axis_name: str, *, bucket_bytes: int | None = No
                          f"({itemsize} bytes), got {bucket_bytes!r}.")
     flat = jnp.concatenate([leaf.ravel() for leaf in leaves])  # flat: f32[N], every gradient
     per_bucket = bucket_bytes // itemsize
-    buckets = [jax.lax.pmean(flat[start:start + per_bucket], axis_name)  # f32[<= bucket]
+    buckets = [reduce(flat[start:start + per_bucket], axis_name)  # f32[<= bucket]
                for start in range(0, flat.shape[0], per_bucket)]
     flat = jnp.concatenate(buckets)
     out, start = [], 0
@@ -710,8 +713,9 @@ def gather_params(shard: jax.Array, axis_name: str, axis: int = 0) -> jax.Array:
     into the whole parameter. Every device then uses the whole parameter on its own batch slice,
     so the gradient of its shard is the *sum* over devices of the corresponding slice of their
     gradients: a reduce-scatter, the transpose of the all-gather. Divide by ``p`` afterwards for
-    the mean over the data-parallel devices. With an axis of size 1 it does nothing. Use inside
-    ``jax.shard_map(..., check_vma=False)``.
+    the mean over the data-parallel devices. With an axis of size 1 it does nothing. Works with
+    ``check_vma`` on or off: the backward is written out, and is the same reduce-scatter that
+    JAX derives for ``jax.lax.all_gather`` (Varying -> Varying) when ``check_vma=True``.
 
     Args:
         shard: f32[..., N/p, ...], this device's shard, split along ``axis``.
