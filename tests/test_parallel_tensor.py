@@ -36,7 +36,8 @@ def transformer_case():
     return params, batches, jax.device_get(reference), np.asarray(losses)
 
 
-@pytest.mark.parametrize("tp, automatic", [(1, False), (2, False), (4, False), (8, False), (4, True)])
+@pytest.mark.parametrize("tp, automatic",
+                         [(1, False), (2, False), (4, False), (8, False), (4, True)])
 def test_mlp_equals_single_device(mlp_case, tp, automatic):
     params, batches, reference, losses = mlp_case
     trained, tp_losses = tensor.train(params, batches, sub_mesh(tp, AXIS), AXIS,
