@@ -17,6 +17,17 @@ bandwidth term ``nbytes / algbw`` for ring/Simple (its time minus its latency, o
 is the bottleneck across servers the two differ on purpose: cluster_collective charges every
 channel to NVLink, while in the flow model the GPU that hands its channel to the NIC does not
 cross NVLink, so a GPU carries 7 of 8 channels on NVLink (asserted as the 8/7 ratio).
+
+The double binary tree (algorithm="tree") is compared the same way, on a network-bound
+configuration (8 NICs of 6.25 GB/s per server, so that neither NVLink nor NCCL's 80-110 GB/s
+tree caps bind; costmodel given the same ``network_bytes_per_s``; 1 GiB, above the sizes of
+NCCL's tree correction). Per direction, a server of the flow model's tree moves half the
+buffer per tree edge it has: on 2 servers each is the root of one tree and a leaf of the
+other, D per direction, so the time is ``D / net``, equal (1e-12) to cluster_collective's
+tree term ``factor D / (factor net)``. From 4 servers (even counts) some server is inside one
+tree (parent and two children) and a leaf of the other, 2D, so the time is ``2 D / net``,
+while cluster_collective prices the tree at NCCL's ``0.9 net``, ``factor D / (0.9 net)``:
+asserted as the ratio ``factor / 1.8 = (n - 1) / (0.9 n)``.
 """
 
 from __future__ import annotations
@@ -130,6 +141,14 @@ def test_latency_is_counted_per_step_along_the_longest_path():
     assert result.time_s == pytest.approx(result.transfer_s + result.latency_s)
 
 
+def test_a_sprayed_flow_has_one_paths_latency():
+    # 8 spines: spraying spreads a flow over 8 paths of 4 links; its latency is one path's.
+    f = fabric.Fabric(topology.fat_tree(2, 2, 8, 50e9), net_hop_latency_s=1e-6)
+    for policy in fabric.POLICIES:
+        _, _, latency = f.route(np.array([0]), np.array([3]), policy=policy)
+        assert latency[0] == pytest.approx(4e-6, rel=1e-12)
+
+
 # --- Contention --------------------------------------------------------------------------------
 
 def test_dmodk_is_non_blocking_for_a_shift_permutation():
@@ -205,8 +224,12 @@ def test_bad_input_names_the_fix():
         fabric.collective(f, "all_reduce", GIB, ranks=[0, 1, 1])
     with pytest.raises(ValueError, match="all_to_all"):
         fabric.collective(f, "broadcast", GIB)
-    with pytest.raises(ValueError, match="ring or hierarchical"):
-        fabric.collective(f, "all_reduce", GIB, algorithm="tree")
+    with pytest.raises(ValueError, match="ring or hierarchical or tree"):
+        fabric.collective(f, "all_reduce", GIB, algorithm="binomial")
+    with pytest.raises(ValueError, match="same number of GPUs in every server"):
+        fabric.collective(f, "all_reduce", GIB, ranks=[0, 1, 8], algorithm="tree")
+    with pytest.raises(ValueError, match="whole number of nodes"):
+        fabric.double_binary_tree(0)
     with pytest.raises(ValueError, match="channels"):
         fabric.collective(f, "all_reduce", GIB, channels=0)
     with pytest.raises(ValueError, match="endpoint positions"):
@@ -263,3 +286,121 @@ def test_an_all_to_all_across_pods_feels_the_oversubscription():
     across = [list(range(r, 32, 8)) + list(range(64 + r, 96, 8)) for r in range(8)]
     assert busbw(7, inside) == pytest.approx(busbw(1, inside), rel=1e-12)
     assert busbw(7, across) < 0.5 * busbw(1, across)
+
+
+# --- The double binary tree ----------------------------------------------------------------
+
+def test_double_binary_tree_is_nccls():
+    # The two illustrations of NCCL's src/graph/trees.cc: 12 ranks (mirrored second tree) and
+    # 13 ranks (shifted by one), written out as parents.
+    first, second = fabric.double_binary_tree(12)
+    assert first.tolist() == [-1, 2, 4, 2, 8, 6, 4, 6, 0, 10, 8, 10]
+    assert second.tolist() == [1, 3, 1, 11, 5, 7, 5, 3, 9, 7, 9, -1]
+    first, second = fabric.double_binary_tree(13)
+    assert first.tolist() == [-1, 2, 4, 2, 8, 6, 4, 6, 0, 10, 12, 10, 8]
+    assert second.tolist() == [9, -1, 3, 5, 3, 9, 7, 5, 7, 1, 11, 0, 11]
+
+
+@pytest.mark.parametrize("n", [2, 5, 8, 12, 13, 64, 100])
+def test_each_tree_spans_the_nodes_and_inner_nodes_are_leaves_of_the_other(n):
+    trees = fabric.double_binary_tree(n)
+    children = []
+    for parent in trees:
+        assert (parent == -1).sum() == 1                  # one root ...
+        for r in range(n):                                # ... that every node reaches
+            node, hops = r, 0
+            while parent[node] >= 0 and hops <= n:
+                node, hops = parent[node], hops + 1
+            assert parent[node] == -1
+        kids = np.bincount(parent[parent >= 0], minlength=n)
+        assert kids.max() <= 2                            # binary
+        children.append(kids)
+    if n % 2 == 0:      # mirrored: no node has children in both trees
+        assert not ((children[0] > 0) & (children[1] > 0)).any()
+
+
+def _slow_nics(n_nodes):
+    """Servers of 8 H100 whose 8 NICs are slow enough that the network bounds the tree."""
+    return _rail(n_nodes, 6.25e9)
+
+
+@pytest.mark.parametrize("n_nodes", [2, 4, 8, 16])
+def test_tree_against_cluster_collective(n_nodes):
+    f = _slow_nics(n_nodes)
+    ours = fabric.collective(f, "all_reduce", GIB, algorithm="tree", policy="spray")
+    theirs = _bandwidth_term("all_reduce", GIB, gpu="H100", n_nodes=n_nodes,
+                             network_bytes_per_s=8 * 6.25e9, algorithm="tree",
+                             protocol="Simple")
+    net = 8 * costmodel.NIC_EFFICIENCY * 6.25e9
+    per_node = 1 if n_nodes == 2 else 2          # buffers per direction, the busiest server
+    assert ours.time_s == pytest.approx(per_node * GIB / net, rel=1e-12)
+    n = 8 * n_nodes
+    ratio = 1.0 if n_nodes == 2 else (n - 1) / (0.9 * n)
+    assert theirs / ours.time_s == pytest.approx(ratio, rel=1e-12)
+
+
+def test_tree_carries_twice_what_the_ring_does_per_server():
+    # Same configuration: the ring moves 2 (n-1)/n D per server and direction, the tree 2 D.
+    f = _slow_nics(4)
+    ring = fabric.collective(f, "all_reduce", GIB, policy="spray")
+    tree = fabric.collective(f, "all_reduce", GIB, algorithm="tree", policy="spray")
+    assert tree.time_s / ring.time_s == pytest.approx(32 / 31, rel=1e-12)
+
+
+def test_tree_flows_and_latency_fill():
+    # 4 hosts (no servers): per tree 3 edges, each up and down: 12 flows of D/2.
+    f = fabric.Fabric(topology.fat_tree(2, 2, 1, 50e9), net_hop_latency_s=1e-6)
+    (step,) = fabric.steps(f, "all_reduce", 4e6, algorithm="tree")
+    assert len(step.src) == 12 and np.all(step.nbytes == 2e6)
+    pairs = sorted(zip(step.src.tolist(), step.dst.tolist()))
+    assert pairs == sorted([(1, 2), (2, 1), (2, 0), (0, 2), (3, 2), (2, 3),      # 0-2-{1,3}
+                            (2, 1), (1, 2), (1, 3), (3, 1), (0, 1), (1, 0)])     # 3-1-{0,2}
+    result = fabric.collective(f, "all_reduce", 4e6, algorithm="tree")
+    # Fill: up and down the depth-2 trees, 4 hops, each charged the longest path (4 links).
+    assert result.latency_s == pytest.approx(4 * 4e-6, rel=1e-12)
+
+
+# --- The contention factor for the planner ------------------------------------------------
+
+def test_contention_factor_is_one_without_contention():
+    f = _rail(4, NDR)
+    assert fabric.contention_factor(f, GIB) == pytest.approx(1.0, rel=1e-12)
+    assert fabric.contention_factor(f, GIB, algorithm="tree") == pytest.approx(1.0, rel=1e-12)
+
+
+def test_contention_factor_counts_oversubscription_and_collisions():
+    # Every flow crosses a 2:1 leaf (sprayed): the core halves the ring.
+    f = fabric.Fabric(topology.fat_tree(4, 4, 2, 50e9), net_hop_latency_s=0.0)
+    ranks = np.arange(16).reshape(4, 4).T.ravel()
+    assert fabric.contention_factor(f, GIB, ranks, aware=False, policy="spray") == \
+        pytest.approx(2.0, rel=1e-12)
+    # ECMP on a non-blocking fat tree: the factor is the most flows hashed onto one link.
+    f = fabric.Fabric(topology.fat_tree(8, 8, 8, 50e9), net_hop_latency_s=0.0)
+    ranks = np.random.default_rng(0).permutation(64)
+    line = 2 * 63 / 64 * GIB / (costmodel.NIC_EFFICIENCY * 50e9)
+    for seed in range(3):
+        factor = fabric.contention_factor(f, GIB, ranks, aware=False, seed=seed)
+        contended = fabric.collective(f, "all_reduce", GIB, ranks, aware=False, seed=seed)
+        assert factor == pytest.approx(contended.time_s / line, rel=1e-12)
+        assert factor >= 2 and factor == pytest.approx(round(factor), rel=1e-9)
+
+
+def test_planner_takes_the_contention_factor():
+    from clusterlab import plan
+
+    w = plan.Workload(8e9, 2048, 256, n_tokens=1e9, n_layers=32, d_model=4096)
+    hw = plan.cluster("H100", 64, storage_read_bytes_per_s=1e12)
+    base = plan.Assumptions(compute_efficiency=0.5, dp_overlap=0.0)
+    assert plan.Assumptions().dp_contention_factor == 1.0
+    across = plan.Layout(dp=8, tp=8)                    # one replica per node: 8 nodes
+    inside = plan.Layout(dp=8, tp=1, pp=8)              # dp inside each node
+    for layout in (across, inside):
+        default = plan.predict(w, hw, layout, base)
+        slowed = plan.predict(w, hw, layout, plan.Assumptions(
+            compute_efficiency=0.5, dp_overlap=0.0, dp_contention_factor=1.75))
+        assert default.dp_comm_s > 0
+        expect = 1.75 if layout is across else 1.0     # only a group spanning nodes
+        assert slowed.dp_comm_s == pytest.approx(expect * default.dp_comm_s, rel=1e-12)
+        assert slowed.compute_s == default.compute_s and slowed.tp_comm_s == default.tp_comm_s
+    with pytest.raises(ValueError, match="dp_contention_factor .* >= 1"):
+        plan.Assumptions(dp_contention_factor=0.5)

@@ -28,7 +28,11 @@ graph:
 * **Steps chain**: a ring all-reduce on ``n`` GPUs is ``2(n-1)`` identical steps of
   ``nbytes/n`` per GPU (split over ``channels`` rings), so one step is solved and multiplied;
   a hierarchical all-reduce is three phases (reduce-scatter in the server, all-reduce along the
-  rails, all-gather in the server); an all-to-all is one step of all pairs.
+  rails, all-gather in the server); an all-to-all is one step of all pairs. A tree all-reduce
+  is NCCL's double binary tree (:func:`double_binary_tree`) across servers with a chain over
+  NVLink inside each, pipelined in chunks: in its steady state every tree edge carries the
+  reduction up and the broadcast down at once, so it is one step of all those flows, plus
+  the pipeline's fill as latency (see :func:`steps`).
 
 Links run at line rate times the efficiency :mod:`clusterlab.costmodel` measured from published
 nccl-tests rows (``NVLINK_EFFICIENCY`` for NVLink, ``NIC_EFFICIENCY`` for network links), so
@@ -66,7 +70,7 @@ from clusterlab import costmodel, topology
 
 POLICIES = ("ecmp", "dmodk", "spray")
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")
-ALGORITHMS = {"all_reduce": ("ring", "hierarchical"), "all_gather": ("ring",),
+ALGORITHMS = {"all_reduce": ("ring", "hierarchical", "tree"), "all_gather": ("ring",),
               "reduce_scatter": ("ring",), "all_to_all": ("pairwise",)}
 #: Default latency of one network link (NIC or switch hop) and of one NVLink hop, seconds.
 #: Illustrative orders of magnitude, not fitted: they matter only for small messages.
@@ -196,6 +200,17 @@ class Fabric:
         return (f"Fabric({self.graph.graph.get('name', 'graph')!r}: {len(self.gpus)} GPUs, "
                 f"{self.n_arcs} directed links)")
 
+    def core_free_capacity(self) -> np.ndarray:
+        """Link capacities with every switch-to-switch link unlimited (``inf``).
+
+        Only the endpoints' own links (GPU to leaf and back, NVLink) keep their capacity:
+        the contention-free fabric that :func:`contention_factor` compares with.
+        """
+        cap = self.capacity_bytes_per_s.copy()
+        core = (self._switch_pos[self.tail] >= 0) & (self._switch_pos[self.head] >= 0)
+        cap[core] = np.inf
+        return cap
+
     def arcs(self, tails: np.ndarray, heads: np.ndarray) -> np.ndarray:
         """Indices of the directed links ``tails[i] -> heads[i]`` (node indices)."""
         tails, heads = np.asarray(tails, dtype=int), np.asarray(heads, dtype=int)
@@ -261,7 +276,8 @@ class Fabric:
         Returns:
             ``(incidence, flow_of, latency_s)``: a links x sub-flows sparse matrix of the
             fraction of each sub-flow on each link, the flow of each sub-flow, and each
-            sub-flow's path latency.
+            sub-flow's path latency (for a sprayed flow, the fraction-weighted sum of its
+            links' latencies: one path's latency).
         """
         if policy not in POLICIES:
             raise ValueError(f"Unknown routing policy {policy!r}; use one of "
@@ -349,7 +365,9 @@ class Fabric:
         row, col, val = (np.concatenate(x) for x in (rows, cols, vals))
         incidence = sp.csr_matrix((val, (row, col)), shape=(self.n_arcs, n_sub))
         latency = np.zeros(n_sub)
-        np.add.at(latency, col, self.latency_s[row] * (val > 0))
+        # A sprayed flow's fractions at each hop sum to 1: weighting by them gives its path's
+        # latency (equal-cost paths have equal hop counts), not the sum over every path.
+        np.add.at(latency, col, self.latency_s[row] * val)
         return incidence, flow_of, latency
 
     def _node(self, gpu_positions: np.ndarray) -> np.ndarray:
@@ -559,6 +577,89 @@ class Step(NamedTuple):
     conn: np.ndarray
     nbytes: np.ndarray
     repeats: int
+    latency_steps: int | None = None
+    """Path latencies charged for the step (default ``repeats``); a pipelined tree charges its
+    fill, ``2 (depth + g - 1)`` hops, for one step of bytes."""
+
+
+def double_binary_tree(n: int) -> tuple[np.ndarray, np.ndarray]:
+    """NCCL's double binary tree over ``n`` nodes: the parent of each node in each tree.
+
+    The first tree is the binary tree of NCCL's ``ncclGetBtree`` (``src/graph/trees.cc``):
+    root 0; a node ``r > 0`` with lowest set bit ``b`` has parent ``(r ^ b) | (b << 1)``, or
+    ``r ^ b`` when that is ``>= n``; so odd nodes are leaves. The second tree is the first
+    mirrored (node ``r`` sits where ``n - 1 - r`` sits in the first) when ``n`` is even, or
+    shifted by one (where ``r - 1`` sits) when ``n`` is odd, so that a node inside one tree is
+    a leaf in the other and each tree carries half the data (``ncclGetDtree``).
+
+    Args:
+        n: nodes (>= 1).
+
+    Returns:
+        ``(parent0, parent1)``: int arrays of length ``n``, ``-1`` at each tree's root.
+
+    Reference:
+        S. Jeaugey, "Massively Scale Your Deep Learning Training with NCCL 2.4", NVIDIA
+        blog, 2019; NVIDIA NCCL ``src/graph/trees.cc``.
+    """
+    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
+        raise ValueError(f"A tree needs a whole number of nodes >= 1, got {n!r}.")
+    first = np.full(n, -1)
+    for r in range(1, n):
+        low = r & -r
+        up = (r ^ low) | (low << 1)
+        first[r] = up if up < n else r ^ low
+    # Second tree: node r takes the place of node pos(r) of the first tree.
+    pos = (n - 1 - np.arange(n)) if n % 2 == 0 else (np.arange(n) - 1) % n
+    node_at = np.empty(n, dtype=int)
+    node_at[pos] = np.arange(n)
+    parent_pos = first[pos]
+    second = np.where(parent_pos >= 0, node_at[np.maximum(parent_pos, 0)], -1)
+    return first, second
+
+
+def _tree_depth(parent: np.ndarray) -> int:
+    """Edges on the longest path from a node to the root."""
+    depth = 0
+    for r in range(len(parent)):
+        d, node = 0, r
+        while parent[node] >= 0:
+            node, d = parent[node], d + 1
+        depth = max(depth, d)
+    return depth
+
+
+def _tree_step(fabric, groups, channels, nbytes) -> Step:
+    """The steady state of a pipelined double-binary-tree all-reduce (see :func:`steps`)."""
+    src, dst, conn = [], [], []
+    fill = 0
+    for g in groups:
+        if (fabric.server[g] >= 0).all():
+            by_server: dict[int, list[int]] = {}
+            for r in g:
+                by_server.setdefault(int(fabric.server[r]), []).append(int(r))
+            if len({len(m) for m in by_server.values()}) != 1:
+                raise ValueError("A tree all-reduce needs the same number of GPUs in every "
+                                 "server of a group.")
+            members = [sorted(m, key=lambda x: fabric.rail[x]) for m in by_server.values()]
+        else:   # no servers: every GPU is a node of the tree
+            members = [[int(r)] for r in g]
+        n_nodes, local = len(members), len(members[0])
+        trees = double_binary_tree(n_nodes)
+        fill = max(fill, 2 * (max(_tree_depth(t) for t in trees) + local - 1))
+        for ch in range(channels):
+            k = ch % local
+            chains = np.array([m[k:] + m[:k] for m in members])   # nodes x local, head first
+            for t, parent in enumerate(trees):
+                child = np.flatnonzero(parent >= 0)
+                ups = [(chains[child, 0], chains[parent[child], 0])]          # tree edges
+                ups += [(chains[:, j], chains[:, j - 1]) for j in range(1, local)]  # chains
+                for a, b in ups:            # reduce towards the root, broadcast back
+                    src.extend([a, b])
+                    dst.extend([b, a])
+                    conn.append(np.full(2 * len(a), 2 * ch + t))
+    src, dst, conn = np.concatenate(src), np.concatenate(dst), np.concatenate(conn)
+    return Step(src, dst, conn, np.full(len(src), nbytes / (2 * channels)), 1, fill)
 
 
 def _ring_step(fabric, groups, channels, aware, chunk_bytes, repeats) -> Step:
@@ -585,6 +686,18 @@ def steps(fabric: Fabric, op: str, nbytes: float, ranks: Sequence[int] | None = 
         hierarchical all-reduce is the in-server ring (``2(g-1)`` steps of ``nbytes/g``) and
         the rail rings across ``N`` servers (``2(N-1)`` steps of ``nbytes/(g N)``); an
         all-to-all is one step with ``nbytes / n * load[j]`` from every member to member j.
+
+        A tree all-reduce (NCCL's double binary tree) is one step: per channel, two trees
+        (:func:`double_binary_tree` over the group's servers, or over its GPUs when the graph
+        has no servers), each carrying half of the channel's ``nbytes / channels``; between
+        servers an edge joins the two servers' GPUs on the channel's rail (local rank
+        ``channel mod g``, the head of the server's chain); inside a server a chain over
+        NVLink from the head through the other GPUs in rail order. Pipelined in small chunks,
+        every edge of both trees and chains carries its half-channel up (reduce) and down
+        (broadcast) at once, so the step is all of those flows of ``nbytes / (2 channels)``
+        each (the fluid limit of the pipeline), and its latency is the pipeline's fill, the
+        slowest path latency times ``2 (depth + g - 1)`` (up and down the deepest tree and
+        chain; an upper bound, which matters only for small messages).
     """
     if op not in OPS:
         raise ValueError(f"The flow model runs {', '.join(OPS)}; got {op!r}.")
@@ -618,6 +731,8 @@ def steps(fabric: Fabric, op: str, nbytes: float, ranks: Sequence[int] | None = 
     if algorithm == "ring":
         repeats = 2 * (n - 1) if op == "all_reduce" else n - 1
         return [_ring_step(fabric, group_list, channels, aware, nbytes / n, repeats)]
+    if algorithm == "tree":
+        return [_tree_step(fabric, group_list, channels, nbytes)]
     inner, outer = [], []
     for g in group_list:
         if (fabric.server[g] < 0).any():
@@ -643,16 +758,58 @@ def steps(fabric: Fabric, op: str, nbytes: float, ranks: Sequence[int] | None = 
 
 
 def step_time(fabric: Fabric, step: Step, *, policy: str = "ecmp", seed: int = 0,
-              qps: int = 1, pxn: bool = False) -> tuple[float, float]:
+              qps: int = 1, pxn: bool = False,
+              capacity_bytes_per_s: np.ndarray | None = None) -> tuple[float, float]:
     """Seconds of one step: ``(transfer_s, latency_s)``, routed as in :meth:`Fabric.route`.
 
-    Each connection's bytes are split evenly over its queue pairs.
+    Each connection's bytes are split evenly over its queue pairs. ``capacity_bytes_per_s``
+    replaces the links' capacities (default ``fabric.capacity_bytes_per_s``), e.g. with
+    :meth:`Fabric.core_free_capacity`.
     """
     incidence, flow_of, latency = fabric.route(step.src, step.dst, conn=step.conn,
                                                policy=policy, seed=seed, qps=qps, pxn=pxn)
     per_sub = step.nbytes[flow_of] / np.bincount(flow_of)[flow_of]
-    transfer = step_seconds(incidence, fabric.capacity_bytes_per_s, per_sub)
+    cap = fabric.capacity_bytes_per_s if capacity_bytes_per_s is None else capacity_bytes_per_s
+    transfer = step_seconds(incidence, cap, per_sub)
     return transfer, float(latency.max())
+
+
+def contention_factor(fabric: Fabric, nbytes: float, ranks: Sequence[int] | None = None, *,
+                      groups: Sequence[Sequence[int]] | None = None, algorithm: str = "ring",
+                      channels: int | None = None, aware: bool = True, policy: str = "ecmp",
+                      seed: int = 0, qps: int = 1, pxn: bool = False) -> float:
+    """How much the fabric's core slows a data-parallel all-reduce: contended / free time.
+
+    The numerator is :func:`collective`'s time for ``all_reduce`` with these arguments (the
+    job's placement ``ranks`` or ``groups``, routing, algorithm). The denominator is the same
+    all-reduce, the same flows on the same routes, with every switch-to-switch link given
+    unlimited capacity (:meth:`Fabric.core_free_capacity`): only the endpoints' own links
+    (NICs, NVLink) limit it, which is what :func:`clusterlab.costmodel.cluster_collective`
+    assumes (a non-blocking fabric, no collisions). Both include the same path latencies.
+
+    The result is >= 1 (the all-reduce's steps have equal flows, whose time can only fall
+    when capacities rise) and is what :class:`clusterlab.plan.Assumptions` takes as
+    ``dp_contention_factor``: e.g. 1 for a topology-aware ring on a non-blocking fabric,
+    2 for a ring whose every flow crosses 2:1 oversubscribed leaves.
+
+    Args:
+        fabric, nbytes, ranks, groups, algorithm, channels, aware, policy, seed, qps, pxn:
+            as in :func:`collective` (op ``"all_reduce"``).
+
+    Returns:
+        The ratio of the two times.
+    """
+    chain = steps(fabric, "all_reduce", nbytes, ranks, groups=groups, algorithm=algorithm,
+                  channels=channels, aware=aware)
+    free = fabric.core_free_capacity()
+    total = {"contended": 0.0, "free": 0.0}
+    for step in chain:
+        n_lat = step.repeats if step.latency_steps is None else step.latency_steps
+        for key, cap in (("contended", None), ("free", free)):
+            t, lat = step_time(fabric, step, policy=policy, seed=seed, qps=qps, pxn=pxn,
+                               capacity_bytes_per_s=cap)
+            total[key] += step.repeats * t + n_lat * lat
+    return total["contended"] / total["free"]
 
 
 def collective(fabric: Fabric, op: str, nbytes: float, ranks: Sequence[int] | None = None, *,
@@ -669,8 +826,9 @@ def collective(fabric: Fabric, op: str, nbytes: float, ranks: Sequence[int] | No
         ranks: endpoint positions taking part (one group); default all endpoints.
         groups: instead of ``ranks``, several equal-sized groups running the same collective
             at the same time (e.g. every expert-parallel group of a job).
-        algorithm: ``"ring"`` or ``"hierarchical"`` for all-reduce (reduce-scatter in each
-            server, all-reduce along each rail across servers, all-gather in each server);
+        algorithm: ``"ring"``, ``"hierarchical"`` (reduce-scatter in each server,
+            all-reduce along each rail across servers, all-gather in each server) or
+            ``"tree"`` (NCCL's double binary tree, see :func:`steps`) for all-reduce;
             ``"pairwise"`` for all-to-all (every pair at once). Default the first of
             :data:`ALGORITHMS` for ``op``.
         channels: rings per group, each its own connection (NCCL's channels); default the
@@ -690,7 +848,7 @@ def collective(fabric: Fabric, op: str, nbytes: float, ranks: Sequence[int] | No
     for step in chain:
         t, lat = step_time(fabric, step, policy=policy, seed=seed, qps=qps, pxn=pxn)
         transfer += step.repeats * t
-        latency += step.repeats * lat
+        latency += (step.repeats if step.latency_steps is None else step.latency_steps) * lat
     total = transfer + latency
     return FabricTime(op, algorithm or ALGORITHMS[op][0], float(nbytes), n, total, transfer,
                       latency, sum(s.repeats for s in chain),

@@ -312,8 +312,17 @@ class Assumptions:
     compute_efficiency: float = 0.6   # fraction of peak FLOP/s the kernels reach while computing
     dp_overlap: float = 0.5           # fraction of the data-parallel all-reduce hidden (backward)
     activation_reserve: float = 0.1   # fraction of GPU memory kept free (workspace, fragments)
+    #: Multiplies the data-parallel all-reduce when it crosses the fabric (>= 1; 1: a
+    #: non-blocking fabric without collisions, as cluster_collective assumes). Take it from
+    #: clusterlab.fabric.contention_factor for the job's topology, placement and routing.
+    dp_contention_factor: float = 1.0
 
     def __post_init__(self) -> None:
+        factor = number("dp_contention_factor", self.dp_contention_factor)
+        if not factor >= 1:
+            raise ValueError(f"dp_contention_factor multiplies the all-reduce time and is >= 1 "
+                             f"(1 = no contention), got {factor}; compute it with "
+                             f"clusterlab.fabric.contention_factor.")
         efficiency = positive("compute_efficiency", self.compute_efficiency)
         if efficiency > 1:
             raise ValueError(f"compute_efficiency is a fraction of peak, at most 1; got "
@@ -492,8 +501,9 @@ def predict(workload: Workload, hw: Hardware, layout: Layout,
     * pipeline bubble: ``(p-1)/(v m)`` of compute and tensor-parallel time, i.e. the fraction
       ``(p-1)/(v m + p - 1)`` of the pipeline's time;
     * data parallel: :func:`dp_all_reduce_s` (:func:`clusterlab.costmodel.cluster_collective`)
-      of the GPU's BF16 gradients, x 1.5 for ZeRO-3 (its extra parameter all-gather), of which
-      ``1 - dp_overlap`` is exposed;
+      of the GPU's BF16 gradients, x 1.5 for ZeRO-3 (its extra parameter all-gather), x
+      ``dp_contention_factor`` when the group spans nodes, of which ``1 - dp_overlap`` is
+      exposed;
     * storage: the step's ``tokens * bytes_per_token`` at the storage's read throughput,
       prefetched: only the excess over the rest of the step is waited for.
 
@@ -560,6 +570,8 @@ def predict(workload: Workload, hw: Hardware, layout: Layout,
         grad_bytes = params_per_gpu * BYTES_PER_VALUE
         local, nodes = _dp_placement(layout, hw)
         all_reduce_s = dp_all_reduce_s(grad_bytes, local, nodes, hw)
+        if nodes > 1:     # the fabric's contention (fabric.contention_factor)
+            all_reduce_s *= assumptions.dp_contention_factor
         dp_s = (1.5 if layout.zero_stage == 3 else 1.0) * all_reduce_s
         dp_s *= 1 - assumptions.dp_overlap
 
