@@ -66,6 +66,17 @@ def test_max_min_rates_textbook_example():
     np.testing.assert_allclose(rates, [10 - 4 / 3, 4 / 3, 4 / 3, 4 / 3], rtol=1e-12)
 
 
+def test_an_unlimited_link_never_limits():
+    # The textbook example with a third link, of infinite capacity, under every flow: same
+    # rates; flows on unlimited links only are refused.
+    incidence = sp.csr_matrix(np.array([[1, 1, 0, 0], [0, 1, 1, 1], [1, 1, 1, 1]],
+                                       dtype=float))
+    rates = fabric.max_min_rates(incidence, np.array([10.0, 4.0, np.inf]))
+    np.testing.assert_allclose(rates, [10 - 4 / 3, 4 / 3, 4 / 3, 4 / 3], rtol=1e-12)
+    with pytest.raises(ValueError, match="unlimited"):
+        fabric.max_min_rates(sp.csr_matrix(np.ones((1, 2))), np.array([np.inf]))
+
+
 def test_max_min_rejects_a_flow_without_links():
     with pytest.raises(ValueError, match="crosses no link"):
         fabric.max_min_rates(sp.csr_matrix((2, 1)), np.ones(2))
@@ -366,6 +377,26 @@ def test_contention_factor_is_one_without_contention():
     f = _rail(4, NDR)
     assert fabric.contention_factor(f, GIB) == pytest.approx(1.0, rel=1e-12)
     assert fabric.contention_factor(f, GIB, algorithm="tree") == pytest.approx(1.0, rel=1e-12)
+
+
+def test_core_free_capacity_frees_only_switch_to_switch_links():
+    f = fabric.Fabric(topology.fat_tree(4, 4, 2, 50e9))
+    free = f.core_free_capacity()
+    kinds = [(f.graph.nodes[f.names[t]]["kind"], f.graph.nodes[f.names[h]]["kind"])
+             for t, h in zip(f.tail, f.head)]
+    core = np.array(["gpu" not in k for k in kinds])
+    assert core.any() and (~core).any()
+    assert np.isinf(free[core]).all()
+    np.testing.assert_array_equal(free[~core], f.capacity_bytes_per_s[~core])
+    # Unequal flows (a skewed all-to-all, the event loop) on it: only the hosts' links count.
+    load = np.random.default_rng(1).gamma(1.0, size=16)
+    (step,) = fabric.steps(f, "all_to_all", GIB, load=load)
+    contended, _ = fabric.step_time(f, step, policy="dmodk")
+    freed, _ = fabric.step_time(f, step, policy="dmodk", capacity_bytes_per_s=free)
+    busiest = max(np.bincount(step.src, step.nbytes).max(),
+                  np.bincount(step.dst, step.nbytes).max())
+    assert freed >= busiest / (costmodel.NIC_EFFICIENCY * 50e9) * (1 - 1e-12)
+    assert freed <= contended
 
 
 def test_contention_factor_counts_oversubscription_and_collisions():

@@ -387,7 +387,7 @@ def max_min_rates(incidence: sp.spmatrix, capacity_bytes_per_s: np.ndarray) -> n
 
     Args:
         incidence: links x flows, the fraction of each flow on each link (>= 0).
-        capacity_bytes_per_s: capacity of each link.
+        capacity_bytes_per_s: capacity of each link; ``inf`` for a link that never limits.
 
     Returns:
         Each flow's rate in bytes/s.
@@ -406,12 +406,16 @@ def max_min_rates(incidence: sp.spmatrix, capacity_bytes_per_s: np.ndarray) -> n
     rate = np.zeros(n_flows)
     active = np.ones(n_flows, dtype=bool)
     residual = cap.copy()
+    finite = np.isfinite(cap)         # unlimited links (inf) never fill
     while active.any():
         load = a @ active.astype(float)
-        used = load > 0
+        used = (load > 0) & finite
+        if not used.any():
+            raise ValueError("Flows cross only unlimited (inf) links; their rates would be "
+                             "unbounded. Give some link on their path a finite capacity.")
         delta = np.min(residual[used] / load[used])
         rate[active] += delta
-        residual -= load * delta
+        residual[finite] -= load[finite] * delta
         full = used & (residual <= 1e-9 * cap)
         frozen = (at @ full.astype(float)) > 0
         active &= ~frozen
@@ -888,7 +892,8 @@ def sweep(fabric: Fabric, op: str, nbytes: float, *, over: str, values: Sequence
 
 
 def _benchmark() -> None:
-    """Time one ring all-reduce at 1,024 and 16,384 GPUs (``python -m clusterlab.fabric``)."""
+    """Time one ring and one tree all-reduce at 1,024 and 16,384 GPUs
+    (``python -m clusterlab.fabric``)."""
     import time
 
     for n_servers in (128, 2048):
@@ -903,10 +908,13 @@ def _benchmark() -> None:
         shuffled = np.random.default_rng(0).permutation(len(fab.gpus))
         blind = collective(fab, "all_reduce", 2**30, shuffled, aware=False)
         done = time.perf_counter()
+        tree = collective(fab, "all_reduce", 2**30, algorithm="tree")
+        treed = time.perf_counter()
         print(f"{8 * n_servers:6d} GPUs: graph {built - start:.2f} s, compile "
               f"{compiled - built:.2f} s, topology-aware ring {ring - compiled:.2f} s "
               f"(busbw {aware.busbw / 1e9:.1f} GB/s), shuffled ring with ECMP "
-              f"{done - ring:.2f} s (busbw {blind.busbw / 1e9:.1f} GB/s)")
+              f"{done - ring:.2f} s (busbw {blind.busbw / 1e9:.1f} GB/s), double binary tree "
+              f"{treed - done:.2f} s (busbw {tree.busbw / 1e9:.1f} GB/s)")
 
 
 if __name__ == "__main__":
