@@ -33,6 +33,10 @@ graph:
   NVLink inside each, pipelined in chunks: in its steady state every tree edge carries the
   reduction up and the broadcast down at once, so it is one step of all those flows, plus
   the pipeline's fill as latency (see :func:`steps`).
+* **For the planner**, :func:`contention_factor` divides a data-parallel all-reduce's time
+  by its time with an unlimited fabric core (only NICs and NVLink limit it, as
+  :func:`clusterlab.costmodel.cluster_collective` assumes); ``clusterlab.plan.Assumptions``
+  takes it as ``dp_contention_factor``.
 
 Links run at line rate times the efficiency :mod:`clusterlab.costmodel` measured from published
 nccl-tests rows (``NVLINK_EFFICIENCY`` for NVLink, ``NIC_EFFICIENCY`` for network links), so
@@ -837,7 +841,8 @@ def collective(fabric: Fabric, op: str, nbytes: float, ranks: Sequence[int] | No
             :data:`ALGORITHMS` for ``op``.
         channels: rings per group, each its own connection (NCCL's channels); default the
             most GPUs a group has in one server (one per NIC), 1 without servers.
-        aware: topology-aware ring order (see :func:`ring_order`), else the order given.
+        aware: topology-aware ring order (see :func:`ring_order`), else the order given
+            (rings only: a tree always joins servers in order of first appearance).
         policy, seed, qps, pxn: routing (see :meth:`Fabric.route`).
         load: all-to-all only: relative traffic each group member receives (mean 1), for
             skewed expert load; default uniform.
