@@ -1,7 +1,7 @@
 """Checking exercise answers, with feedback a student can act on.
 
-Each function prints one line, a tick or a hint, and returns whether the answer passed, so a
-notebook cell shows the verdict and a test can assert it.
+Each function prints one line, a tick or a hint, and returns nothing, so a notebook cell shows
+that verdict line and nothing else.
 
 Grading: with the environment variable ``CLUSTERLAB_CHECK_STRICT=1`` a failed check also raises
 an ``AssertionError`` carrying the same line, so an instructor can run a submitted notebook with
@@ -18,16 +18,15 @@ import numpy as np
 STRICT_ENV = "CLUSTERLAB_CHECK_STRICT"
 
 
-def _fail(line: str) -> bool:
+def _fail(line: str) -> None:
     """Print a failed verdict; raise it instead of returning when grading strictly."""
     print(line)
     if os.environ.get(STRICT_ENV, "") not in ("", "0"):
         raise AssertionError(line)
-    return False
 
 
 def close(answer, expected, *, rtol: float = 1e-3, atol: float = 0.0, hint: str = "",
-          name: str = "answer") -> bool:
+          name: str = "answer") -> None:
     """Check a number (or array) against the expected value within a relative tolerance.
 
     Args:
@@ -38,8 +37,8 @@ def close(answer, expected, *, rtol: float = 1e-3, atol: float = 0.0, hint: str 
         hint: what to look at again when the answer is wrong.
         name: what the answer is, for the message.
 
-    Returns:
-        True when ``answer`` is within tolerance of ``expected``.
+    Prints ``✓ <name> is correct.`` when ``answer`` is within tolerance of ``expected``, otherwise
+    one ``✗`` line with the hint (raised as an AssertionError when grading strictly).
     """
     if answer is None or answer is Ellipsis:
         return _fail(f"✗ {name}: no answer yet; replace the ... with your value.")
@@ -56,18 +55,18 @@ def close(answer, expected, *, rtol: float = 1e-3, atol: float = 0.0, hint: str 
     passed = bool(np.allclose(answer_array, expected_array, rtol=rtol, atol=atol))
     if passed:
         print(f"✓ {name} is correct.")
-        return True
+        return
     return _fail(f"✗ {name} is off: {np.asarray(answer)} vs the expected value (within {rtol:.0e} "
                  f"relative). {hint}".rstrip())
 
 
-def equal(answer, expected, *, hint: str = "", name: str = "answer") -> bool:
+def equal(answer, expected, *, hint: str = "", name: str = "answer") -> None:
     """Check an exact answer: a string, an integer, a tuple of names."""
     if answer is None or answer is Ellipsis:
         return _fail(f"✗ {name}: no answer yet; replace the ... with your value.")
     if _exactly_equal(answer, expected):
         print(f"✓ {name} is correct.")
-        return True
+        return
     return _fail(f"✗ {name} is not right. {hint}".rstrip())
 
 
