@@ -11,6 +11,7 @@ That is 16 bytes per parameter, the "model states" of the ZeRO paper. Plain data
 replicates all of them on every device; ZeRO partitions them across the ``dp`` data-parallel
 devices in three stages (optimizer state, then gradients, then parameters). Activations are
 not counted here.
+Serving keeps the weights and a key-value cache instead (:func:`kv_cache_bytes`).
 
 Units: bytes (1 GB = 1e9 bytes, as the paper counts).
 
@@ -20,6 +21,8 @@ References:
 """
 
 from __future__ import annotations
+
+import math
 
 from clusterlab import _checks
 from clusterlab._checks import positive as _check_positive
@@ -184,3 +187,47 @@ def per_device_bytes(tree) -> dict[int, int]:
         for shard in shards:
             totals[shard.device.id] = totals.get(shard.device.id, 0) + int(shard.data.nbytes)
     return totals
+
+
+def kv_cache_bytes(n_layers: int, n_kv_heads: int, head_dim: int, seq_len: int, batch: int,
+                   bytes_per_value: float = 2) -> int:
+    """Bytes of the key-value cache a decoder keeps while it generates.
+
+    Every layer stores, for every token already seen and every key-value head, one key and one
+    value vector of ``head_dim`` numbers, so the cache holds
+    ``2 * n_layers * n_kv_heads * head_dim * seq_len * batch * bytes_per_value`` bytes. With
+    grouped-query attention (GQA) several query heads share one key-value head, so
+    ``n_kv_heads`` is smaller than the number of query heads, and the cache shrinks by that
+    factor.
+
+    Args:
+        n_layers: transformer layers (integer >= 1).
+        n_kv_heads: key-value heads per layer (integer >= 1; the query heads with plain
+            multi-head attention, fewer with GQA, 1 with multi-query attention).
+        head_dim: numbers per head (integer >= 1).
+        seq_len: tokens cached per sequence, prompt plus generated so far (integer >= 0).
+        batch: sequences cached (integer >= 0).
+        bytes_per_value: bytes per cached number (2 for BF16/FP16, 1 for FP8).
+
+    Returns:
+        Bytes, rounded up to a whole byte. A Llama-3-70B-like model (80 layers, 8 KV heads,
+        head_dim 128) in BF16 caches 327,680 bytes per token, 1.34e9 bytes for one 4,096-token
+        sequence.
+
+    Raises:
+        ValueError: if a size is not a whole number in range or ``bytes_per_value`` is not
+            positive.
+
+    References:
+        Pope et al., "Efficiently Scaling Transformer Inference", MLSys 2023, Section 2.
+        https://arxiv.org/abs/2211.05102
+        Ainslie et al., "GQA: Training Generalized Multi-Query Transformer Models from
+        Multi-Head Checkpoints", EMNLP 2023. https://arxiv.org/abs/2305.13245
+    """
+    layers = _checks.count("n_layers", n_layers)
+    heads = _checks.count("n_kv_heads", n_kv_heads)
+    dim = _checks.count("head_dim", head_dim)
+    tokens = _checks.count("seq_len", seq_len, minimum=0)
+    sequences = _checks.count("batch", batch, minimum=0)
+    per_value = _check_positive("bytes_per_value", bytes_per_value)
+    return math.ceil(2 * layers * heads * dim * tokens * sequences * per_value)
