@@ -110,3 +110,92 @@ def test_synchronous_step_times_are_max_over_gpus_and_seeded():
 def test_errors_name_the_constraint(call, name):
     with pytest.raises(ValueError, match=name):
         call()
+
+
+# --- goodput, interruption shares, hot spares ---------------------------------------------------
+
+def test_goodput_without_failures_is_the_checkpoint_duty_cycle():
+    # M -> infinity: every segment of tau seconds of work costs tau + delta of wall time.
+    assert rel.goodput_fraction(900.0, 100.0, 1e15) == pytest.approx(0.9, rel=1e-9)
+    assert rel.goodput_fraction(900.0, 0.0, 1e15, restart_s=600.0) == pytest.approx(1.0, rel=1e-9)
+
+
+def test_goodput_hand_computed_from_dalys_complete_model():
+    # tau = 1 h, delta = 0, R = 0, M = 1 h: wall per segment = M (e - 1), goodput = 1 / (e - 1).
+    assert rel.goodput_fraction(HOUR_S, 0.0, HOUR_S) == pytest.approx(1 / (math.e - 1))
+    # with R = M the wall time is multiplied by e
+    assert rel.goodput_fraction(HOUR_S, 0.0, HOUR_S, restart_s=HOUR_S) == pytest.approx(
+        1 / (math.e * (math.e - 1)))
+
+
+def test_goodput_agrees_with_first_order_loss_when_failures_are_rare():
+    mtbf = 30 * DAY_S
+    tau, delta, restart = 1800.0, 10.0, 600.0
+    good = rel.goodput_fraction(tau, delta, mtbf, restart)
+    lost = rel.expected_lost_fraction(tau, delta, mtbf, restart)
+    assert 1 - good == pytest.approx(lost, rel=0.01)
+    # and the first-order model breaks where the complete one stays in (0, 1)
+    assert rel.expected_lost_fraction(4 * HOUR_S, 600.0, HOUR_S, 1800.0) > 1
+    assert 0 < rel.goodput_fraction(4 * HOUR_S, 600.0, HOUR_S, 1800.0) < 0.1
+
+
+def test_goodput_is_vectorised_and_peaks_near_dalys_interval():
+    mtbf, delta = 3 * HOUR_S, 60.0
+    taus = np.linspace(60.0, 3 * HOUR_S, 20_000)
+    good = rel.goodput_fraction(taus, delta, mtbf, 300.0)
+    assert good.shape == taus.shape and np.all((good > 0) & (good < 1))
+    best = taus[np.argmax(good)]
+    assert best == pytest.approx(rel.daly_interval_s(delta, mtbf), rel=0.02)
+
+
+def test_llama3_interruption_table_adds_up_and_matches_published_shares():
+    counts = [n for _, n in rel.LLAMA3_405B_INTERRUPTIONS.values()]
+    assert sum(counts) == 419
+    # Table 5's percentages, except "Faulty GPU" (published 30.1%, which is not 148 / 419)
+    published_pct = {"GPU HBM3 memory": 17.2, "Software bug": 12.9, "Network switch/cable": 8.4,
+                     "Host maintenance": 7.6, "GPU SRAM memory": 4.5,
+                     "GPU system processor": 4.1, "NIC": 1.7, "Silent data corruption": 1.4}
+    for component, pct in published_pct.items():
+        assert 100 * rel.LLAMA3_405B_INTERRUPTIONS[component][1] / 419 == pytest.approx(
+            pct, abs=0.05)
+
+
+def test_interruption_shares_group_by_category():
+    shares = rel.interruption_shares()
+    assert sum(shares.values()) == pytest.approx(1.0)
+    assert list(shares)[0] == "GPU"
+    assert shares["GPU"] == pytest.approx((148 + 72 + 19 + 17 + 6 + 6) / 419)
+    assert shares["Network"] == pytest.approx(35 / 419)
+    assert list(shares.values()) == sorted(shares.values(), reverse=True)
+    assert rel.interruption_shares({"a": ("x", 1), "b": ("y", 3), "c": ("x", 0)}) == {
+        "y": 0.75, "x": 0.25}
+
+
+def test_spare_nodes_cover_the_poisson_quantile():
+    # mean out for repair = 100 nodes * 1 day / 100 days = 1; P(0) = e^-1, P(<=1) = 2/e = 0.736,
+    # P(<=2) = 2.5/e = 0.920, P(<=3) = (8/3)/e = 0.981, P(<=4) = (65/24)/e = 0.996
+    assert rel.spare_nodes_needed(100, 100 * DAY_S, DAY_S, confidence=0.5) == 1
+    assert rel.spare_nodes_needed(100, 100 * DAY_S, DAY_S, confidence=0.9) == 2
+    assert rel.spare_nodes_needed(100, 100 * DAY_S, DAY_S, confidence=0.99) == 4
+    # more nodes, or longer repairs, need more spares
+    assert rel.spare_nodes_needed(1000, 100 * DAY_S, DAY_S) > rel.spare_nodes_needed(
+        100, 100 * DAY_S, DAY_S)
+
+
+@pytest.mark.parametrize("call,name", [
+    (lambda: rel.goodput_fraction(0.0, 60.0, 3600.0), "interval_s"),
+    (lambda: rel.goodput_fraction(600.0, -1.0, 3600.0), "checkpoint_write_s"),
+    (lambda: rel.goodput_fraction(600.0, 60.0, 0.0), "mtbf_s"),
+    (lambda: rel.goodput_fraction(600.0, 60.0, 3600.0, restart_s=-5), "restart_s"),
+    (lambda: rel.interruption_shares({"a": ("x", 0)}), "all counts are 0"),
+    (lambda: rel.interruption_shares({"a": ("x", -1)}), "count of 'a'"),
+    (lambda: rel.interruption_shares({"a": ("x", 1.5)}), "count of 'a'"),
+    (lambda: rel.spare_nodes_needed(0, DAY_S, 3600.0), "n_nodes"),
+    (lambda: rel.spare_nodes_needed(8, 0.0, 3600.0), "node_mtbf_s"),
+    (lambda: rel.spare_nodes_needed(8, DAY_S, 0.0), "repair_s"),
+    (lambda: rel.spare_nodes_needed(8, DAY_S, 2 * DAY_S), "well below 1"),
+    (lambda: rel.spare_nodes_needed(8, DAY_S, 3600.0, confidence=1.0), "confidence"),
+])
+def test_new_reliability_errors_name_the_constraint(call, name):
+    with pytest.raises(ValueError, match=name):
+        call()

@@ -16,8 +16,10 @@ References:
     https://doi.org/10.1145/361147.361115
     Daly, "A higher order estimate of the optimum checkpoint interval for restart dumps",
     Future Generation Computer Systems 22(3), 2006. https://doi.org/10.1016/j.future.2004.11.016
-    Dubey et al., "The Llama 3 Herd of Models", 2024, Sec. 3.3.4.
+    Dubey et al., "The Llama 3 Herd of Models", 2024, Sec. 3.3.4 and Table 5.
     https://arxiv.org/abs/2407.21783
+    Kokolis et al., "Revisiting Reliability in Large-Scale Machine Learning Research Clusters",
+    HPCA 2025 (effective training time ratio). https://arxiv.org/abs/2410.21680
 """
 
 from __future__ import annotations
@@ -30,8 +32,34 @@ from clusterlab._checks import count as _count, positive as _positive
 __all__ = [
     "cluster_mtbf_s", "failure_rate_per_s", "expected_failures", "probability_no_failure",
     "mtbf_from_failures_s", "young_interval_s", "daly_interval_s", "expected_lost_fraction",
-    "synchronous_step_times_s",
+    "synchronous_step_times_s", "goodput_fraction", "interruption_shares",
+    "spare_nodes_needed", "LLAMA3_405B_INTERRUPTIONS",
 ]
+
+# Root causes of the 419 unexpected interruptions of Llama 3 405B pre-training (54 days,
+# 16,384 H100 GPUs): component -> (category, interruptions), as Table 5 of Dubey et al. 2024
+# lists them. The counts add up to 419; the table's percentage for "Faulty GPU" (30.1%) does not
+# match its count (148 / 419 = 35.3%), so shares are computed from the counts.
+LLAMA3_405B_INTERRUPTIONS: dict[str, tuple[str, int]] = {
+    "Faulty GPU": ("GPU", 148),
+    "GPU HBM3 memory": ("GPU", 72),
+    "Software bug": ("Dependency", 54),
+    "Network switch/cable": ("Network", 35),
+    "Host maintenance": ("Unplanned maintenance", 32),
+    "GPU SRAM memory": ("GPU", 19),
+    "GPU system processor": ("GPU", 17),
+    "NIC": ("Host", 7),
+    "NCCL watchdog timeouts": ("Unknown", 7),
+    "Silent data corruption": ("GPU", 6),
+    "GPU thermal interface + sensor": ("GPU", 6),
+    "SSD": ("Host", 3),
+    "Power supply": ("Host", 3),
+    "Server chassis": ("Host", 2),
+    "IO expansion board": ("Host", 2),
+    "Dependency": ("Dependency", 2),
+    "CPU": ("Host", 2),
+    "System memory": ("Host", 2),
+}
 
 
 def cluster_mtbf_s(per_gpu_mtbf_s: float, n_gpus: int) -> float:
@@ -270,3 +298,117 @@ def synchronous_step_times_s(n_gpus: int, n_steps: int, *, mean_step_s: float,
         # per_gpu_s: f64[stop - start, n_gpus]
         out[start:stop] = per_gpu_s.max(axis=1)
     return out
+
+
+def goodput_fraction(interval_s, checkpoint_write_s: float, mtbf_s: float,
+                     restart_s: float = 0.0):
+    """Fraction of wall-clock time spent on useful training, with failures, checkpoints, restarts.
+
+    Daly's complete model for failures at a constant rate (exponential times between failures):
+    a segment of ``tau`` seconds of work followed by a ``delta``-second checkpoint is retried
+    until it completes without a failure, and every failure costs a restart of ``R`` seconds
+    (which a failure can interrupt too). The expected wall time per segment is
+    ``M exp(R/M) (exp((tau + delta)/M) - 1)``, so the goodput is
+
+    ``tau / (M exp(R/M) (exp((tau + delta)/M) - 1))``.
+
+    Without failures (``M`` to infinity) it is ``tau / (tau + delta)``; to first order in
+    ``tau/M``, ``delta/tau`` and ``R/M`` it is ``1 - expected_lost_fraction(...)``; unlike the
+    first-order model it stays in (0, 1) when the interval or the restart approaches ``M``.
+
+    Args:
+        interval_s: compute time between checkpoints, ``tau``, in seconds (> 0); a float or an
+            array (e.g. for a plot).
+        checkpoint_write_s: seconds the job stalls to write one checkpoint, ``delta`` (>= 0).
+        mtbf_s: mean time between failures of the whole job, ``M``, in seconds (> 0).
+        restart_s: seconds from a failure until training runs again, ``R`` (>= 0).
+
+    Returns:
+        Goodput in (0, 1]; a float for a scalar interval, else an array of the same shape.
+
+    Raises:
+        ValueError: if an interval or ``mtbf_s`` is not positive, or a time is negative.
+
+    References:
+        Daly 2006, the complete model of the wall-clock time,
+        https://doi.org/10.1016/j.future.2004.11.016; Kokolis et al. 2025 (the same ratio as the
+        effective training time ratio, ETTR), https://arxiv.org/abs/2410.21680.
+    """
+    tau = np.asarray(interval_s, dtype=float)
+    if tau.size == 0 or not np.all(np.isfinite(tau)) or np.any(tau <= 0):
+        raise ValueError(f"interval_s must be positive and finite, got {interval_s!r}.")
+    delta = _positive("checkpoint_write_s", checkpoint_write_s, allow_zero=True)
+    mtbf = _positive("mtbf_s", mtbf_s)
+    restart = _positive("restart_s", restart_s, allow_zero=True)
+    # expm1 keeps the no-failure limit exact when (tau + delta) / M is tiny.
+    wall_s = mtbf * math.exp(restart / mtbf) * np.expm1((tau + delta) / mtbf)
+    good = tau / wall_s
+    return float(good) if good.ndim == 0 else good
+
+
+def interruption_shares(interruptions: dict[str, tuple[str, int]] | None = None
+                        ) -> dict[str, float]:
+    """Share of interruptions per category, largest first.
+
+    Args:
+        interruptions: ``{component: (category, count)}``; defaults to
+            :data:`LLAMA3_405B_INTERRUPTIONS`. Counts are non-negative integers, not all zero.
+
+    Returns:
+        ``{category: count / total}``, sorted by decreasing share; the shares add up to 1.
+
+    Raises:
+        ValueError: if a count is not a non-negative integer or all counts are zero.
+
+    References:
+        Dubey et al. 2024 (Llama 3), Table 5, https://arxiv.org/abs/2407.21783.
+    """
+    table = LLAMA3_405B_INTERRUPTIONS if interruptions is None else interruptions
+    per_category: dict[str, int] = {}
+    for component, (category, n) in table.items():
+        per_category[category] = per_category.get(category, 0) + _count(
+            f"count of {component!r}", n, minimum=0)
+    total = sum(per_category.values())
+    if total == 0:
+        raise ValueError("interruptions must hold at least one interruption; all counts are 0.")
+    return {category: n / total
+            for category, n in sorted(per_category.items(), key=lambda kv: -kv[1])}
+
+
+def spare_nodes_needed(n_nodes: int, node_mtbf_s: float, repair_s: float, *,
+                       confidence: float = 0.99) -> int:
+    """Hot spare nodes that cover the nodes under repair with a given probability.
+
+    Each of ``n_nodes`` nodes fails at rate ``1 / node_mtbf_s`` and takes ``repair_s`` to come
+    back, so the number of nodes out for repair at a random moment is Poisson with mean
+    ``n_nodes * repair_s / node_mtbf_s`` (while that mean is a small part of the cluster). The
+    answer is the smallest ``k`` with ``P(out <= k) >= confidence``: with ``k`` spares a failed
+    node is replaced at once instead of waiting for its repair.
+
+    Args:
+        n_nodes: nodes the job runs on (integer >= 1).
+        node_mtbf_s: mean time between failures of one node, in seconds (> 0); for ``g`` GPUs per
+            node with a per-GPU MTBF ``m``, ``m / g`` (:func:`cluster_mtbf_s`).
+        repair_s: seconds from a node's failure until it is back in the pool (> 0).
+        confidence: probability that no failure waits for a spare, in (0, 1).
+
+    Returns:
+        The number of spare nodes.
+
+    Raises:
+        ValueError: on a bad count, a non-positive time, or a confidence outside (0, 1).
+
+    References:
+        Dubey et al. 2024 (Llama 3), Sec. 3.3.4 (failures per day at 16,384 GPUs).
+    """
+    nodes = _count("n_nodes", n_nodes)
+    mean = nodes * _positive("repair_s", repair_s) / _positive("node_mtbf_s", node_mtbf_s)
+    if not 0.0 < confidence < 1.0:
+        raise ValueError(f"confidence must lie in (0, 1), got {confidence!r}.")
+    if mean >= nodes:
+        raise ValueError(
+            f"repair_s / node_mtbf_s must be well below 1 (a node is repaired long before it "
+            f"fails again), got {repair_s!r} / {node_mtbf_s!r}.")
+    from scipy.stats import poisson  # imported here: scipy is only needed for this quantile
+
+    return int(poisson.ppf(confidence, mean))
