@@ -72,6 +72,10 @@ def _per_direction_from_quote(quoted: str) -> float:
     pcie = re.match(r"(\d+) GT/s per lane, 128b/130b encoding, (\d+) lanes", quoted)
     if pcie:  # transfers/s * lanes * payload fraction / 8 bits per byte
         return float(pcie.group(1)) * 1e9 * int(pcie.group(2)) * 128 / 130 / 8
+    flit = re.match(r"(\d+) GT/s per lane, FLIT mode (\d+)/(\d+), (\d+) lanes", quoted)
+    if flit:  # PCIe 6.0: PAM4 symbols carry the GT/s, a fixed share of each flit is payload
+        return (float(flit.group(1)) * 1e9 * int(flit.group(4)) / 8
+                * int(flit.group(2)) / int(flit.group(3)))
     network = re.match(r"(\d+) Gb/s per port", quoted)
     if network:  # bits, not bytes
         return float(network.group(1)) * 1e9 / 8
@@ -141,9 +145,91 @@ def test_specs_are_frozen():
 def test_each_gpu_names_its_pcie_generation():
     # The GPU's host link bounds the NIC traffic it can drive (costmodel.cluster_collective).
     expected = {"V100": "PCIe3x16", "A100": "PCIe4x16", "H100": "PCIe5x16", "H200": "PCIe5x16",
-                "B200": "PCIe5x16"}
+                "B200": "PCIe5x16", "GB200": "PCIe5x16", "GB300": "PCIe6x16"}
     assert {name: spec.pcie for name, spec in hardware.GPUS.items()} == expected
     for spec in hardware.GPUS.values():
         assert hardware.link(spec.pcie).bytes_per_s < spec.nvlink_bytes_per_s
     for name in ("V100", "A100"):
         assert "PCIe Gen" in hardware.gpu(name).source
+
+
+def test_fp8_peaks_follow_their_sources():
+    # H100/H200 datasheets: 3,958 TFLOPS FP8 with sparsity; dense is half.
+    for name in ("H100", "H200"):
+        assert hardware.peak_flops(name, precision="fp8") == pytest.approx(3958e12 / 2, rel=1e-3)
+    # DGX B200: 72 PFLOPS FP8 sparse for 8 GPUs. NVL72 racks: 720 PFLOPS FP8 sparse for 72.
+    assert hardware.gpu("B200").fp8_flops == pytest.approx(72e15 / 8 / 2)
+    for name in ("GB200", "GB300"):
+        assert hardware.gpu(name).fp8_flops == pytest.approx(720e15 / 72 / 2)
+        assert hardware.gpu(name).bf16_flops == pytest.approx(360e15 / 72 / 2)
+    # GB200 NVL72: 13.4 TB and 576 TB/s of HBM3e for 72 GPUs (MLPerf lists 186 GB per GPU).
+    assert hardware.gpu("GB200").memory_bytes == pytest.approx(186e9, rel=1e-3)
+    assert hardware.gpu("GB300").hbm_bytes_per_s == pytest.approx(8e12)
+
+
+@pytest.mark.parametrize("name", [n for n, g in hardware.GPUS.items() if g.fp8_flops is not None])
+def test_fp8_is_twice_dense_bf16(name):
+    # Every FP8 tensor core catalogued here doubles the dense BF16 rate; a sparse figure
+    # copied by mistake would make it four times.
+    spec = hardware.gpu(name)
+    assert spec.fp8_flops == pytest.approx(2 * spec.bf16_flops, rel=2e-3)
+
+
+def test_peak_flops_precisions_and_errors():
+    assert hardware.peak_flops("A100") == hardware.gpu("A100").bf16_flops
+    assert hardware.peak_flops(hardware.gpu("H100"), precision="bf16") == 989e12
+    with pytest.raises(ValueError, match=r"A100 has no FP8 tensor cores; FP8 needs one of: H100"):
+        hardware.peak_flops("A100", precision="fp8")
+    with pytest.raises(ValueError, match=r"precision must be 'bf16' or 'fp8', got 'fp4'"):
+        hardware.peak_flops("B200", precision="fp4")
+
+
+def test_gpu_power_from_datasheets():
+    assert {name: spec.tdp_w for name, spec in hardware.GPUS.items()} == {
+        "V100": 300.0, "A100": 400.0, "H100": 700.0, "H200": 700.0, "B200": 1000.0,
+        "GB200": None, "GB300": None}
+
+
+def test_node_power_and_the_dgx_h200():
+    assert hardware.node("DGX H100").max_power_w == 10.2e3
+    assert hardware.node("dgx h200").gpu == "H200"
+    assert hardware.node("DGX B200").max_power_w == 14.3e3
+    # The server's watts per GPU exceed the GPU's own TDP: CPUs, NICs, NVSwitches and fans.
+    for spec in hardware.NODES.values():
+        per_gpu = hardware.power_per_gpu_w(spec)
+        assert per_gpu == spec.max_power_w / spec.gpus_per_node
+        assert hardware.gpu(spec.gpu).tdp_w < per_gpu < 2.5 * hardware.gpu(spec.gpu).tdp_w
+
+
+def test_nvl72_racks_are_one_nvlink_domain_of_72_gpus():
+    for name in ("GB200 NVL72", "gb300 nvl72"):
+        spec = hardware.rack(name)
+        assert spec.compute_trays * spec.gpus_per_tray == spec.nvlink_domain_gpus == 72
+        assert spec.nvlink_switch_trays == 9
+        assert hardware.gpu(spec.gpu).nvlink_generation == 5
+        assert hardware.nvlink_domain_gpus(spec) == 72
+        # 72 GPUs x 1.8 TB/s bidirectional = the datasheets' 130 TB/s NVLink (129.6).
+        assert (spec.nvlink_domain_gpus * 2 * hardware.scale_up_bytes_per_s(spec)
+                == pytest.approx(130e12, rel=5e-3))
+    assert hardware.nvlink_domain_gpus("DGX H100") == 8
+    with pytest.raises(ValueError, match=r"Unknown rack 'NVL576'\. Known racks: GB200 NVL72"):
+        hardware.rack("NVL576")
+
+
+def test_scale_up_over_scale_out():
+    # DGX H100: 450 GB/s NVLink against one 400 Gb/s (50 GB/s) NIC per GPU.
+    assert hardware.scale_out_bytes_per_s("DGX H100") == 50e9
+    assert hardware.scale_up_over_scale_out("DGX H100") == pytest.approx(9.0)
+    # GB200 NVL72: 900 GB/s against 50 GB/s; GB300 NVL72: against an 800 Gb/s NIC.
+    assert hardware.scale_up_over_scale_out("GB200 NVL72") == pytest.approx(18.0)
+    assert hardware.scale_up_over_scale_out("GB300 NVL72") == pytest.approx(9.0)
+    with pytest.raises(ValueError, match=r"Unknown system 'DGX-2': name a server"):
+        hardware.scale_up_bytes_per_s("DGX-2")
+
+
+def test_rack_power():
+    # SuperPOD GB200 RA: 1.2 MW for a scalable unit of 8 racks.
+    assert hardware.rack("GB200 NVL72").power_w == pytest.approx(150e3)
+    assert hardware.power_per_gpu_w("GB200 NVL72") == pytest.approx(150e3 / 72)
+    with pytest.raises(ValueError, match=r"GB300 NVL72 has no power figure .* GB200 NVL72"):
+        hardware.power_per_gpu_w("GB300 NVL72")

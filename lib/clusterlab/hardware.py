@@ -26,6 +26,9 @@ class GPU:
     nvlink_generation: int
     source: str                    # datasheet, key in references.bib
     pcie: str = "PCIe5x16"         # key in LINKS: the GPU's host link (GPU-NIC traffic crosses it)
+    fp8_flops: float | None = None  # dense FP8 tensor-core FLOP/s, no sparsity; None: no FP8 units
+    tdp_w: float | None = None     # maximum board power (TDP/TGP) in W; None: the source gives
+    #                                only the power of the whole system (GB200/GB300 racks)
 
 
 @dataclass(frozen=True)
@@ -42,24 +45,46 @@ GPUS: dict[str, GPU] = {
     gpu.name: gpu for gpu in (
         GPU("V100", memory_bytes=32e9, hbm_bytes_per_s=900e9, bf16_flops=125e12,
             nvlink_bytes_per_s=150e9, nvlink_generation=2,
-            source="NVIDIA Tesla V100 datasheet (SXM2; FP16 tensor, V100 has no BF16; PCIe "
-                   "Gen3) [nvidia_v100_datasheet]", pcie="PCIe3x16"),
+            source="NVIDIA Tesla V100 datasheet (SXM2; FP16 tensor, V100 has no BF16 and no FP8; "
+                   "PCIe Gen3; max power 300 W) [nvidia_v100_datasheet]", pcie="PCIe3x16",
+            tdp_w=300.0),
         GPU("A100", memory_bytes=80e9, hbm_bytes_per_s=2.039e12, bf16_flops=312e12,
             nvlink_bytes_per_s=300e9, nvlink_generation=3,
-            source="NVIDIA A100 datasheet (80GB SXM; PCIe Gen4) [nvidia_a100_datasheet]",
-            pcie="PCIe4x16"),
+            source="NVIDIA A100 datasheet (80GB SXM; PCIe Gen4; no FP8; max TDP 400 W) "
+                   "[nvidia_a100_datasheet]",
+            pcie="PCIe4x16", tdp_w=400.0),
         GPU("H100", memory_bytes=80e9, hbm_bytes_per_s=3.35e12, bf16_flops=989e12,
             nvlink_bytes_per_s=450e9, nvlink_generation=4,
-            source="NVIDIA H100 datasheet (SXM5; 1,979 TFLOPS is with sparsity) "
-                   "[nvidia_h100_datasheet]"),
+            source="NVIDIA H100 datasheet (SXM5; 1,979 TFLOPS BF16 and 3,958 TFLOPS FP8 are with "
+                   "sparsity, half of each dense; max TDP up to 700 W) [nvidia_h100_datasheet]",
+            fp8_flops=1979e12, tdp_w=700.0),
         GPU("H200", memory_bytes=141e9, hbm_bytes_per_s=4.8e12, bf16_flops=989e12,
             nvlink_bytes_per_s=450e9, nvlink_generation=4,
-            source="NVIDIA H200 datasheet (SXM) [nvidia_h200_datasheet]"),
+            source="NVIDIA H200 datasheet (SXM; 3,958 TFLOPS FP8 with sparsity, half dense; max "
+                   "TDP up to 700 W) [nvidia_h200_datasheet]",
+            fp8_flops=1979e12, tdp_w=700.0),
         GPU("B200", memory_bytes=180e9, hbm_bytes_per_s=8e12, bf16_flops=2.25e15,
             nvlink_bytes_per_s=900e9, nvlink_generation=5,
             source="NVIDIA DGX B200 datasheet: 1,440 GB, 64 TB/s HBM3e and 72 PFLOPS FP8 "
-                   "(sparse) for 8 GPUs, so 180 GB, 8 TB/s and 2.25 PFLOPS dense BF16 each "
-                   "[nvidia_dgx_b200_datasheet]"),
+                   "(sparse) for 8 GPUs, so 180 GB, 8 TB/s, 4.5 PFLOPS dense FP8 and 2.25 PFLOPS "
+                   "dense BF16 each [nvidia_dgx_b200_datasheet]; TGP 1,000 W as NVIDIA's "
+                   "partners declare it in MLPerf system descriptions [mlperf_inference_b200]",
+            fp8_flops=4.5e15, tdp_w=1000.0),
+        GPU("GB200", memory_bytes=13.4e12 / 72, hbm_bytes_per_s=576e12 / 72,
+            bf16_flops=360e15 / 72 / 2, nvlink_bytes_per_s=900e9, nvlink_generation=5,
+            source="NVIDIA GB200 NVL72 datasheet, divided over its 72 Blackwell GPUs: up to "
+                   "13.4 TB HBM3e at 576 TB/s, 720 PFLOPS FP8 and 360 PFLOPS BF16 with sparsity "
+                   "(half dense), NVLink 130 TB/s [nvidia_gb200_nvl72_datasheet]; NICs on PCIe "
+                   "Gen5 (ConnectX-7) [nvidia_dgx_gb200_user_guide]",
+            fp8_flops=720e15 / 72 / 2),
+        GPU("GB300", memory_bytes=288e9, hbm_bytes_per_s=576e12 / 72,
+            bf16_flops=360e15 / 72 / 2, nvlink_bytes_per_s=900e9, nvlink_generation=5,
+            source="NVIDIA GB300 NVL72 datasheet, divided over its 72 Blackwell Ultra GPUs: "
+                   "576 TB/s HBM3e, 720 PFLOPS FP8 and 360 PFLOPS BF16 with sparsity (half "
+                   "dense), NVLink 130 TB/s, one ConnectX-8 800 Gb/s SuperNIC per GPU "
+                   "[nvidia_gb300_nvl72_datasheet]; 288 GB HBM3e and PCIe Gen6 per GPU "
+                   "[nvidia_blackwell_ultra_blog]",
+            pcie="PCIe6x16", fp8_flops=720e15 / 72 / 2),
     )
 }
 
@@ -72,13 +97,18 @@ LINKS: dict[str, Link] = {
         Link("NVLink4", 450e9, "900 GB/s bidirectional per GPU (18 links x 50 GB/s)",
              "NVIDIA H100 datasheet [nvidia_h100_datasheet]"),
         Link("NVLink5", 900e9, "1.8 TB/s bidirectional per GPU (18 links x 100 GB/s)",
-             "NVIDIA DGX B200 datasheet [nvidia_dgx_b200_datasheet]"),
+             "NVIDIA DGX B200 datasheet [nvidia_dgx_b200_datasheet]; the same per GPU through "
+             "the NVLink Switch trays of a GB200 NVL72 (130 TB/s for 72 GPUs) "
+             "[nvidia_gb200_nvl72_datasheet]"),
         Link("PCIe3x16", 15.75e9, "8 GT/s per lane, 128b/130b encoding, 16 lanes",
              "PCI Express Base Specification 3.0 [pcie_specs]"),
         Link("PCIe4x16", 31.5e9, "16 GT/s per lane, 128b/130b encoding, 16 lanes",
              "PCI Express Base Specification 4.0 [pcie_specs]"),
         Link("PCIe5x16", 63e9, "32 GT/s per lane, 128b/130b encoding, 16 lanes",
              "PCI Express Base Specification 5.0 [pcie_specs]"),
+        Link("PCIe6x16", 121e9, "64 GT/s per lane, FLIT mode 242/256, 16 lanes",
+             "PCI Express Base Specification 6.0: PAM4 at 64 GT/s, 256-byte flits of which 242 "
+             "carry TLP and DLLP bytes (8 CRC, 6 FEC) [pcie6_spec]"),
         Link("IB-HDR", 25e9, "200 Gb/s per port", "NVIDIA ConnectX-6 VPI datasheet; IBTA "
              "roadmap [ibta_roadmap]"),
         Link("IB-NDR", 50e9, "400 Gb/s per port", "NVIDIA ConnectX-7 datasheet; IBTA roadmap "
@@ -123,23 +153,28 @@ class Node:
     nic: str               # key in LINKS: one NIC port, per direction
     pcie: str              # key in LINKS: host link of each GPU and NIC
     cpu_cores: int         # CPU cores in total (two sockets)
+    max_power_w: float     # the whole server at full load, W (the datasheet's "system power")
     source: str            # key in references.bib
 
 
 NODES: dict[str, Node] = {
     node.name: node for node in (
         Node("DGX A100", gpu="A100", gpus_per_node=8, nvswitch_chips=6, nvlink="NVLink3",
-             nics_per_node=8, nic="IB-HDR", pcie="PCIe4x16", cpu_cores=128,
+             nics_per_node=8, nic="IB-HDR", pcie="PCIe4x16", cpu_cores=128, max_power_w=6.5e3,
              source="NVIDIA DGX A100 datasheet: 8x A100, 6 NVSwitches, 8x single-port ConnectX-6 "
-                    "200 Gb/s HDR, 2x AMD EPYC 7742 [nvidia_dgx_a100_datasheet]"),
+                    "200 Gb/s HDR, 2x AMD EPYC 7742, 6.5 kW max [nvidia_dgx_a100_datasheet]"),
         Node("DGX H100", gpu="H100", gpus_per_node=8, nvswitch_chips=4, nvlink="NVLink4",
-             nics_per_node=8, nic="IB-NDR", pcie="PCIe5x16", cpu_cores=112,
+             nics_per_node=8, nic="IB-NDR", pcie="PCIe5x16", cpu_cores=112, max_power_w=10.2e3,
              source="NVIDIA DGX H100 datasheet: 8x H100, 4 NVSwitches, 8x single-port ConnectX-7 "
-                    "400 Gb/s, 2x Xeon Platinum 8480C [nvidia_dgx_h100_datasheet]"),
+                    "400 Gb/s, 2x Xeon Platinum 8480C, ~10.2 kW max [nvidia_dgx_h100_datasheet]"),
+        Node("DGX H200", gpu="H200", gpus_per_node=8, nvswitch_chips=4, nvlink="NVLink4",
+             nics_per_node=8, nic="IB-NDR", pcie="PCIe5x16", cpu_cores=112, max_power_w=10.2e3,
+             source="NVIDIA DGX H200 datasheet: 8x H200, 4 NVSwitches, 8x single-port ConnectX-7 "
+                    "400 Gb/s, 2x Xeon Platinum 8480C, ~10.2 kW max [nvidia_dgx_h200_datasheet]"),
         Node("DGX B200", gpu="B200", gpus_per_node=8, nvswitch_chips=2, nvlink="NVLink5",
-             nics_per_node=8, nic="IB-NDR", pcie="PCIe5x16", cpu_cores=112,
+             nics_per_node=8, nic="IB-NDR", pcie="PCIe5x16", cpu_cores=112, max_power_w=14.3e3,
              source="NVIDIA DGX B200 datasheet: 8x B200, 2 NVSwitches, 8x single-port ConnectX-7 "
-                    "400 Gb/s, 2x Xeon Platinum 8570 [nvidia_dgx_b200_datasheet]"),
+                    "400 Gb/s, 2x Xeon Platinum 8570, ~14.3 kW max [nvidia_dgx_b200_datasheet]"),
     )
 }
 
@@ -147,6 +182,160 @@ NODES: dict[str, Node] = {
 def node(name: str) -> Node:
     """Look up a server by name (case-insensitive); unknown names list the known ones."""
     return _lookup(NODES, name, "node")
+
+
+@dataclass(frozen=True)
+class Rack:
+    """A rack-scale system: one NVLink domain spanning a whole rack through NVLink Switch trays.
+
+    In a DGX server the NVLink domain ends at the chassis (8 GPUs on one NVSwitch baseboard); in a
+    GB200/GB300 NVL72 compute trays of 4 GPUs are cabled through a copper spine to NVLink Switch
+    trays, so all 72 GPUs reach each other at full NVLink bandwidth (scale-up), and only traffic
+    between racks crosses the NICs (scale-out).
+    """
+
+    name: str
+    gpu: str                    # key in GPUS
+    nvlink_domain_gpus: int     # GPUs that reach each other over NVLink (the scale-up domain)
+    compute_trays: int
+    gpus_per_tray: int
+    nvlink_switch_trays: int    # 1U trays of NVLink Switch chips joining all compute trays
+    nvlink: str                 # key in LINKS: NVLink per GPU, per direction
+    nics_per_tray: int          # back-end (compute fabric) NICs per compute tray, one per GPU
+    nic: str                    # key in LINKS: one back-end NIC port, per direction
+    power_w: float | None       # facility power planned per rack, W; None: no vendor figure
+    source: str
+
+
+RACKS: dict[str, Rack] = {
+    rack.name: rack for rack in (
+        Rack("GB200 NVL72", gpu="GB200", nvlink_domain_gpus=72, compute_trays=18, gpus_per_tray=4,
+             nvlink_switch_trays=9, nvlink="NVLink5", nics_per_tray=4, nic="IB-NDR",
+             power_w=1.2e6 / 8,
+             source="NVIDIA DGX GB200 user guide: 18 compute trays of 2 Grace CPUs and 4 "
+                    "Blackwell GPUs, 9 NVLink switch trays, 4 single-port ConnectX-7 400 Gb/s per "
+                    "tray [nvidia_dgx_gb200_user_guide]; 72 GPUs in one NVLink domain "
+                    "[nvidia_gb200_nvl72_datasheet]; power: a scalable unit of 8 DGX GB200 racks "
+                    "requires a TDP of 1.2 MW, 150 kW per rack with its share of the unit's "
+                    "switches [nvidia_superpod_gb200_ra]"),
+        Rack("GB300 NVL72", gpu="GB300", nvlink_domain_gpus=72, compute_trays=18, gpus_per_tray=4,
+             nvlink_switch_trays=9, nvlink="NVLink5", nics_per_tray=4, nic="IB-XDR",
+             power_w=None,
+             source="NVIDIA GB300 NVL72 datasheet: 72 Blackwell Ultra GPUs and 36 Grace CPUs in "
+                    "one NVLink domain, one ConnectX-8 800 Gb/s SuperNIC per GPU "
+                    "[nvidia_gb300_nvl72_datasheet]; the same 18 compute and 9 NVLink switch "
+                    "trays as the GB200 rack [nvidia_dgx_gb200_user_guide]"),
+    )
+}
+
+
+def rack(name: str) -> Rack:
+    """Look up a rack-scale system by name (case-insensitive); unknown names list the known ones."""
+    return _lookup(RACKS, name, "rack")
+
+
+def _system(spec: Node | Rack | str) -> Node | Rack:
+    if isinstance(spec, (Node, Rack)):
+        return spec
+    if str(spec).lower() in (key.lower() for key in RACKS):
+        return rack(spec)
+    if str(spec).lower() in (key.lower() for key in NODES):
+        return node(spec)
+    raise ValueError(f"Unknown system {spec!r}: name a server ({', '.join(NODES)}) or a rack "
+                     f"({', '.join(RACKS)}), or pass a hardware.Node or hardware.Rack.")
+
+
+def nvlink_domain_gpus(system: Node | Rack | str) -> int:
+    """GPUs that reach each other over NVLink: 8 in a DGX server, 72 in an NVL72 rack.
+
+    Args:
+        system: a :class:`Node`, a :class:`Rack` or the name of either.
+
+    Returns:
+        The size of the scale-up domain in GPUs.
+    """
+    spec = _system(system)
+    return spec.nvlink_domain_gpus if isinstance(spec, Rack) else spec.gpus_per_node
+
+
+def scale_up_bytes_per_s(system: Node | Rack | str) -> float:
+    """NVLink bandwidth of one GPU to the rest of its NVLink domain, per direction (bytes/s)."""
+    return link(_system(system).nvlink).bytes_per_s
+
+
+def scale_out_bytes_per_s(system: Node | Rack | str) -> float:
+    """Back-end network bandwidth per GPU, per direction (bytes/s): the system's NICs shared out.
+
+    Args:
+        system: a :class:`Node`, a :class:`Rack` or the name of either.
+
+    Returns:
+        NIC port rate times NICs, divided by GPUs (one 400 Gb/s NIC per GPU: 50e9).
+    """
+    spec = _system(system)
+    if isinstance(spec, Rack):
+        nics, gpus = spec.nics_per_tray * spec.compute_trays, spec.nvlink_domain_gpus
+    else:
+        nics, gpus = spec.nics_per_node, spec.gpus_per_node
+    return link(spec.nic).bytes_per_s * nics / gpus
+
+
+def scale_up_over_scale_out(system: Node | Rack | str) -> float:
+    """How many times faster a GPU talks inside its NVLink domain than across the network.
+
+    Args:
+        system: a :class:`Node`, a :class:`Rack` or the name of either.
+
+    Returns:
+        ``scale_up_bytes_per_s / scale_out_bytes_per_s`` (dimensionless; 9 for a DGX H100).
+    """
+    return scale_up_bytes_per_s(system) / scale_out_bytes_per_s(system)
+
+
+def power_per_gpu_w(system: Node | Rack | str) -> float:
+    """Power drawn per GPU by the whole system (server or rack, CPUs, NICs and fans included), W.
+
+    Args:
+        system: a :class:`Node`, a :class:`Rack` or the name of either.
+
+    Returns:
+        ``max_power_w / gpus_per_node`` for a server, ``power_w / nvlink_domain_gpus`` for a rack.
+
+    Raises:
+        ValueError: the rack has no vendor power figure in the catalog.
+    """
+    spec = _system(system)
+    if isinstance(spec, Node):
+        return spec.max_power_w / spec.gpus_per_node
+    if spec.power_w is None:
+        raise ValueError(f"{spec.name} has no power figure in the catalog (its source gives "
+                         f"none); use a rack with one: "
+                         f"{', '.join(r.name for r in RACKS.values() if r.power_w is not None)}.")
+    return spec.power_w / spec.nvlink_domain_gpus
+
+
+def peak_flops(gpu_spec: GPU | str, *, precision: str = "bf16") -> float:
+    """Dense (no sparsity) tensor-core peak of a GPU at a precision, FLOP/s.
+
+    Args:
+        gpu_spec: a :class:`GPU` or its name.
+        precision: ``"bf16"`` (BF16/FP16) or ``"fp8"``.
+
+    Returns:
+        ``bf16_flops`` or ``fp8_flops``.
+
+    Raises:
+        ValueError: an unknown precision, or FP8 on a GPU without FP8 tensor cores (V100, A100).
+    """
+    spec = gpu(gpu_spec) if isinstance(gpu_spec, str) else gpu_spec
+    if precision == "bf16":
+        return spec.bf16_flops
+    if precision != "fp8":
+        raise ValueError(f"precision must be 'bf16' or 'fp8', got {precision!r}.")
+    if spec.fp8_flops is None:
+        with_fp8 = ", ".join(name for name, g in GPUS.items() if g.fp8_flops is not None)
+        raise ValueError(f"{spec.name} has no FP8 tensor cores; FP8 needs one of: {with_fp8}.")
+    return spec.fp8_flops
 
 
 @dataclass(frozen=True)
