@@ -4,6 +4,7 @@ the single-device reference, the ppermutes counted from the compiled program, in
 from __future__ import annotations
 
 import dataclasses
+from fractions import Fraction
 
 import jax
 import numpy as np
@@ -133,8 +134,11 @@ def test_bubble_values_by_hand():
     assert costmodel.pipeline_activation_microbatches(4, 8, "gpipe") == 8
     assert costmodel.pipeline_activation_microbatches(4, 8, "1f1b") == 4
     assert costmodel.pipeline_activation_microbatches(4, 8, "1f1b", stage=3) == 1
-    with pytest.raises(ValueError, match="schedule"):
-        costmodel.pipeline_bubble_fraction(4, 8, "interleaved")
+    assert costmodel.pipeline_bubble_fraction(4, 8, "interleaved", virtual_stages=2) == \
+        pytest.approx(3 / 19)
+    assert costmodel.pipeline_bubble_fraction(4, 8, "interleaved") == pytest.approx(3 / 11)
+    with pytest.raises(ValueError, match="Unknown pipeline schedule 'zigzag'"):
+        costmodel.pipeline_bubble_fraction(4, 8, "zigzag")
 
 
 def test_stash_bytes():
@@ -186,3 +190,69 @@ def test_lockstep_time():
     assert gpipe.lockstep_time_s(1.0, 2.0) == pytest.approx(11 * 3)
     # 1F1B: 4 forward-only warm-up slots, then 18 slots with a backward somewhere
     assert one_f_one_b.lockstep_time_s(1.0, 2.0) == pytest.approx(4 * 1 + 18 * 2)
+
+
+def test_interleaved_schedule_by_hand():
+    # p = 2, v = 2, m = 2: virtual stages 0 (device 0), 1 (device 1), 2 (device 0), 3 (device 1);
+    # 2(v m + p - 1) = 10 slots of half a pass, 4 idle of 20.
+    schedule = pipeline.make_schedule(2, 2, "interleaved", virtual_stages=2)
+    assert schedule.render().splitlines() == [
+        "stage 0: F0.0 F1.0 F0.1 F1.1      B0.1      B1.1 B0.0 B1.0",
+        "stage 1:      F0.0 F1.0 F0.1 B0.1 F1.1 B1.1 B0.0 B1.0     "]
+    assert schedule.idle_fraction == pytest.approx(1 / 5)
+
+
+@pytest.mark.parametrize("stages, microbatches, virtual_stages", [
+    (2, 2, 2), (4, 4, 2), (4, 8, 2), (4, 8, 4), (8, 16, 3), (3, 7, 1), (1, 3, 2)])
+def test_interleaved_idle_fraction_equals_formula_exactly(stages, microbatches, virtual_stages):
+    p, m, v = stages, microbatches, virtual_stages
+    table = pipeline.make_schedule(p, m, "interleaved", virtual_stages=v)
+    assert table.slots == 2 * (v * m + p - 1)
+    assert np.all(np.sum(table.kind != pipeline.IDLE, axis=0) == 2 * v * m)
+    idle = Fraction(int(np.sum(table.kind == pipeline.IDLE)), table.kind.size)
+    assert idle == Fraction(p - 1, v * m + p - 1)
+    assert table.idle_fraction == pytest.approx(
+        costmodel.pipeline_bubble_fraction(p, m, "interleaved", virtual_stages=v), abs=1e-15)
+
+
+@pytest.mark.parametrize("stages, microbatches, virtual_stages", [(4, 8, 2), (3, 6, 3)])
+def test_interleaved_schedule_respects_dependencies(stages, microbatches, virtual_stages):
+    p, v = stages, virtual_stages
+    table = pipeline.make_schedule(p, microbatches, "interleaved", virtual_stages=v)
+    when = {}  # (kind, micro-batch, virtual stage) -> slot; each exactly once
+    for t, s in zip(*np.nonzero(table.kind != pipeline.IDLE)):
+        key = (int(table.kind[t, s]), int(table.microbatch[t, s]), int(table.chunk[t, s]) * p + s)
+        assert key not in when
+        when[key] = t
+    assert len(when) == 2 * microbatches * p * v
+    last = p * v - 1
+    for (kind, i, j), t in when.items():
+        if kind == pipeline.FORWARD and j > 0:
+            assert when[pipeline.FORWARD, i, j - 1] < t
+        if kind == pipeline.BACKWARD:
+            assert when[pipeline.FORWARD, i, j] < t
+            assert j == last or when[pipeline.BACKWARD, i, j + 1] < t
+
+
+def test_interleaved_lockstep_time_in_passes():
+    # every slot is 1/v of a pass: 2(v m + p - 1) slots of 1/2 s when a pass takes 1 s
+    table = pipeline.make_schedule(4, 8, "interleaved", virtual_stages=2)
+    assert table.lockstep_time_s(1.0, 1.0) == pytest.approx(2 * (2 * 8 + 3) / 2)
+
+
+def test_interleaved_errors_name_the_fix():
+    with pytest.raises(ValueError, match="m = 6 is not a multiple of 4. Use m = 8"):
+        pipeline.make_schedule(4, 6, "interleaved", virtual_stages=2)
+    with pytest.raises(ValueError, match="m = 6 is not a multiple of 4"):
+        costmodel.pipeline_bubble_fraction(4, 6, "interleaved", virtual_stages=2)
+    with pytest.raises(ValueError, match="needs schedule='interleaved'"):
+        costmodel.pipeline_bubble_fraction(4, 8, "1f1b", virtual_stages=2)
+    with pytest.raises(ValueError, match="virtual_stages must be a positive integer"):
+        pipeline.make_schedule(4, 8, "interleaved", virtual_stages=0)
+    with pytest.raises(ValueError, match="modelled for 'gpipe' and '1f1b'"):
+        costmodel.pipeline_activation_microbatches(4, 8, "interleaved")
+    interleaved = pipeline.make_schedule(2, 2, "interleaved", virtual_stages=2)
+    with pytest.raises(ValueError, match="one model chunk per device"):
+        pipeline.make_grad_fn(sub_mesh(2, AXIS), AXIS, interleaved)
+    with pytest.raises(ValueError, match="one model chunk per device"):
+        interleaved.stash_slots()

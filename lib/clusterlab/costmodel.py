@@ -572,28 +572,62 @@ def tensor_parallel_bytes_per_step(tokens: int, d_model: int, n_pairs: int, tp: 
                                  tp)
 
 
-PIPELINE_SCHEDULES = ("gpipe", "1f1b")
+PIPELINE_SCHEDULES = ("gpipe", "1f1b", "interleaved")
 
 
-def _check_pipeline(stages: int, microbatches: int, schedule: str) -> tuple[int, int]:
+def check_pipeline(stages: int, microbatches: int, schedule: str, *,
+                   virtual_stages: int = 1) -> tuple[int, int, int]:
+    """Validate a pipeline's shape; return ``(p, m, v)``.
+
+    Args:
+        stages: p, at least 1.
+        microbatches: m, at least 1; a multiple of p for the interleaved schedule with v > 1,
+            which runs micro-batches in groups of p (Narayanan et al. 2021, Section 2.2.2).
+        schedule: one of :data:`PIPELINE_SCHEDULES`.
+        virtual_stages: v, model chunks per device, at least 1; above 1 only when interleaved.
+    """
     if schedule not in PIPELINE_SCHEDULES:
         raise ValueError(f"Unknown pipeline schedule {schedule!r}; known: "
                          f"{', '.join(PIPELINE_SCHEDULES)}.")
-    return _checks.count("stages", stages), _checks.count("microbatches", microbatches)
+    p = _checks.count("stages", stages)
+    m = _checks.count("microbatches", microbatches)
+    v = _checks.count("virtual_stages", virtual_stages)
+    if v > 1 and schedule != "interleaved":
+        raise ValueError(f"virtual_stages = {v} needs schedule='interleaved'; {schedule!r} runs "
+                         "one model chunk per device (virtual_stages=1).")
+    if v > 1 and m % p:
+        raise ValueError(f"The interleaved schedule runs micro-batches in groups of p = {p}: "
+                         f"m = {m} is not a multiple of {p}. Use m = {-(-m // p) * p} (or "
+                         "virtual_stages=1).")
+    return p, m, v
 
 
-def pipeline_bubble_fraction(stages: int, microbatches: int, schedule: str = "gpipe") -> float:
-    """The fraction of a pipeline step each stage idles: ``(p-1) / (m+p-1)``.
+def _check_pipeline(stages: int, microbatches: int, schedule: str) -> tuple[int, int]:
+    if schedule == "interleaved":
+        raise ValueError("Activation counts are modelled for 'gpipe' and '1f1b'; count an "
+                         "interleaved schedule's with parallel.pipeline.make_schedule("
+                         "...).held_microbatches().")
+    return check_pipeline(stages, microbatches, schedule)[:2]
+
+
+def pipeline_bubble_fraction(stages: int, microbatches: int, schedule: str = "gpipe", *,
+                             virtual_stages: int = 1) -> float:
+    """The fraction of a pipeline step each stage idles: ``(p-1) / (v m + p - 1)``.
 
     With p stages and m micro-batches, and every stage taking the same time per micro-batch, a
     step lasts ``m + p - 1`` forward slots and as many backward slots, of which each stage works
-    ``m``. GPipe and 1F1B idle alike; 1F1B only changes the order of the work, which bounds the
-    activations a stage holds (:func:`pipeline_activation_microbatches`).
+    ``m``. GPipe and 1F1B idle alike (v = 1); 1F1B only changes the order of the work, which
+    bounds the activations a stage holds (:func:`pipeline_activation_microbatches`). The
+    interleaved 1F1B schedule gives each device v model chunks (virtual stages) of ``1/v`` of its
+    layers: filling and draining the pipeline then takes ``p - 1`` chunk passes of ``1/v`` of a
+    slot each, so the bubble shrinks v-fold against the work, at the price of v times as many
+    point-to-point messages.
 
     Args:
         stages: p, pipeline stages (devices along the pipeline).
-        microbatches: m, micro-batches per step.
-        schedule: ``"gpipe"`` or ``"1f1b"``.
+        microbatches: m, micro-batches per step; a multiple of p when interleaved with v > 1.
+        schedule: ``"gpipe"``, ``"1f1b"`` or ``"interleaved"``.
+        virtual_stages: v, model chunks per device (``"interleaved"`` only), at least 1.
 
     Returns:
         The idle fraction, in [0, 1).
@@ -601,10 +635,11 @@ def pipeline_bubble_fraction(stages: int, microbatches: int, schedule: str = "gp
     References:
         Huang et al., "GPipe", NeurIPS 2019, Section 2.2. https://arxiv.org/abs/1811.06965
         Narayanan et al., "Efficient Large-Scale Language Model Training on GPU Clusters Using
-        Megatron-LM", SC 2021, Section 2.2.1. https://arxiv.org/abs/2104.04473
+        Megatron-LM", SC 2021, Sections 2.2.1 and 2.2.2 (interleaved: bubble ``(p-1)/(v m)`` of
+        the ideal time). https://arxiv.org/abs/2104.04473
     """
-    p, m = _check_pipeline(stages, microbatches, schedule)
-    return (p - 1) / (m + p - 1)
+    p, m, v = check_pipeline(stages, microbatches, schedule, virtual_stages=virtual_stages)
+    return (p - 1) / (v * m + p - 1)
 
 
 def pipeline_activation_microbatches(stages: int, microbatches: int, schedule: str = "gpipe", *,
