@@ -275,3 +275,57 @@ def test_cli_plan_sizes_the_cluster_and_names_errors():
                          "--fabric", "IB-QDR"]) == 2
     assert "Give --gpus, or --tokens and --budget-days" in err.getvalue()
     assert "Unknown link 'IB-QDR'" in err.getvalue()
+
+
+# --- power ---------------------------------------------------------------------------------------
+
+def test_facility_power_is_it_power_times_pue():
+    assert plan.facility_power_w(1e6, pue=1.5) == pytest.approx(1.5e6)
+    assert plan.facility_power_w(0.0, pue=1.0) == 0.0
+
+
+def test_cluster_power_counts_whole_servers_and_racks():
+    dgx = hardware.node("DGX H100")
+    # 1024 GPUs = 128 servers at their full-load power, + 10% other IT, x PUE 1.5
+    assert plan.cluster_power_w("DGX H100", 1024, pue=1.5, other_it_fraction=0.1) == pytest.approx(
+        128 * dgx.max_power_w * 1.1 * 1.5)
+    # 9 GPUs need two servers
+    assert plan.cluster_power_w(dgx, 9, pue=1.0) == pytest.approx(2 * dgx.max_power_w)
+    rack = hardware.rack("GB200 NVL72")
+    # 1024 GPUs = 15 racks of 72 (1,080 GPUs)
+    assert plan.cluster_power_w(rack, 1024, pue=1.2) == pytest.approx(15 * rack.power_w * 1.2)
+
+
+def test_gpus_within_power_is_the_inverse_in_whole_units():
+    dgx = hardware.node("DGX H100")
+    per_server_w = dgx.max_power_w * 1.1 * 1.3
+    assert plan.gpus_within_power("DGX H100", 100 * per_server_w, pue=1.3,
+                                  other_it_fraction=0.1) == 800
+    assert plan.gpus_within_power("DGX H100", 100.5 * per_server_w, pue=1.3,
+                                  other_it_fraction=0.1) == 800
+    assert plan.gpus_within_power("DGX H100", 0.5 * per_server_w, pue=1.3,
+                                  other_it_fraction=0.1) == 0
+    budget_w = 20e6
+    n = plan.gpus_within_power("GB200 NVL72", budget_w, pue=1.1)
+    assert n % 72 == 0
+    assert plan.cluster_power_w("GB200 NVL72", n, pue=1.1) <= budget_w
+    assert plan.cluster_power_w("GB200 NVL72", n + 72, pue=1.1) > budget_w
+    # a better PUE fits more GPUs in the same building
+    assert plan.gpus_within_power("DGX H100", budget_w, pue=1.1) > plan.gpus_within_power(
+        "DGX H100", budget_w, pue=1.58)
+
+
+@pytest.mark.parametrize("call,match", [
+    (lambda: plan.facility_power_w(-1.0, pue=1.2), "it_power_w"),
+    (lambda: plan.facility_power_w(1e6, pue=0.9), "pue must be >= 1"),
+    (lambda: plan.facility_power_w(1e6, pue=float("nan")), "pue"),
+    (lambda: plan.cluster_power_w("DGX H100", 0, pue=1.2), "n_gpus"),
+    (lambda: plan.cluster_power_w("DGX H100", 8, pue=1.2, other_it_fraction=-0.1),
+     "other_it_fraction"),
+    (lambda: plan.cluster_power_w("GB300 NVL72", 72, pue=1.2), "no power figure"),
+    (lambda: plan.cluster_power_w("DGX Z900", 8, pue=1.2), "Unknown system"),
+    (lambda: plan.gpus_within_power("DGX H100", -5.0, pue=1.2), "facility_budget_w"),
+])
+def test_power_errors_name_the_constraint(call, match):
+    with pytest.raises(ValueError, match=match):
+        call()

@@ -75,3 +75,14 @@ def test_tokens_per_s_per_gpu():
         storage.tokens_per_s_per_gpu(6e9, 1e15, 1.5)
     with pytest.raises(ValueError, match="flops_per_token"):
         storage.tokens_per_s_per_gpu(0, 1e15, 0.5)
+
+
+def test_host_memory_traffic_with_and_without_gpudirect_storage():
+    # the bounce buffer: every byte written into CPU memory, then read out of it
+    assert storage.host_memory_bytes_per_s(10e9, gpudirect_storage=False) == 20e9
+    assert storage.host_memory_bytes_per_s(10e9, gpudirect_storage=True) == 0.0
+    assert storage.host_memory_bytes_per_s(0.0, gpudirect_storage=False) == 0.0
+    with pytest.raises(ValueError, match="io_bytes_per_s"):
+        storage.host_memory_bytes_per_s(-1.0, gpudirect_storage=False)
+    with pytest.raises(ValueError, match="io_bytes_per_s"):
+        storage.host_memory_bytes_per_s(float("inf"), gpudirect_storage=True)

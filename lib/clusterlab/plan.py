@@ -880,3 +880,90 @@ FABRIC_CLUSTERS = {
     "B": FabricCluster("B", "H100", 512, "Ethernet-100G", 1),
     "B2": FabricCluster("B2", "H100", 512, "Ethernet-200G", 2),
 }
+
+
+# --- Power ------------------------------------------------------------------------------------
+
+def facility_power_w(it_power_w: float, *, pue: float) -> float:
+    """Power a data centre draws to run an IT load: ``it_power_w * pue``.
+
+    The power usage effectiveness (PUE) is total facility power over IT power; the excess is
+    cooling, power conversion and distribution, lighting.
+
+    Args:
+        it_power_w: power of the IT equipment (servers, switches, storage), in W (>= 0).
+        pue: power usage effectiveness (>= 1; 1 would be a facility with no overhead at all).
+
+    Returns:
+        Facility power in W.
+
+    Raises:
+        ValueError: if the IT power is negative or the PUE is below 1 or not finite.
+
+    References:
+        The Green Grid, "PUE: a comprehensive examination of the metric", White Paper 49, 2012.
+        Uptime Institute, Global Data Center Survey (industry average PUE 1.58 in 2023).
+    """
+    it_w = positive("it_power_w", it_power_w, allow_zero=True)
+    ratio = positive("pue", pue)
+    if ratio < 1.0:
+        raise ValueError(f"pue must be >= 1 (total facility power over IT power), got {pue!r}.")
+    return it_w * ratio
+
+
+def cluster_power_w(system: hardware.Node | hardware.Rack | str, n_gpus: int, *, pue: float,
+                    other_it_fraction: float = 0.0) -> float:
+    """Facility power of a cluster of ``n_gpus`` GPUs built from whole servers or racks.
+
+    ``ceil(n_gpus / g)`` units of ``g`` GPUs (8 per DGX server, 72 per NVL72 rack), each at its
+    catalogued full-load power (:func:`clusterlab.hardware.power_per_gpu_w` per GPU), plus ``other_it_fraction`` of that for the IT the catalogue's
+    figure leaves out (switches, storage, management), times the PUE.
+
+    Args:
+        system: a server or rack of :mod:`clusterlab.hardware` or its name ("DGX H100",
+            "GB200 NVL72").
+        n_gpus: GPUs in the cluster (integer >= 1), rounded up to whole units.
+        pue: the facility's power usage effectiveness (>= 1).
+        other_it_fraction: IT power outside the servers or racks, as a fraction of theirs (>= 0).
+
+    Returns:
+        Facility power in W.
+
+    Raises:
+        ValueError: if the system is unknown or has no power figure, or an argument is out of
+            range.
+
+    References:
+        NVIDIA DGX H100 datasheet (10.2 kW per server); NVIDIA DGX SuperPOD GB200 reference
+        architecture (1.2 MW per scalable unit of 8 racks).
+    """
+    per_unit = hardware.nvlink_domain_gpus(system)
+    gpus = per_unit * math.ceil(count("n_gpus", n_gpus) / per_unit)
+    extra = positive("other_it_fraction", other_it_fraction, allow_zero=True)
+    return facility_power_w(gpus * hardware.power_per_gpu_w(system) * (1.0 + extra), pue=pue)
+
+
+def gpus_within_power(system: hardware.Node | hardware.Rack | str, facility_budget_w: float, *,
+                      pue: float, other_it_fraction: float = 0.0) -> int:
+    """The most GPUs, in whole servers or racks, whose facility power fits a power budget.
+
+    The inverse of :func:`cluster_power_w`: ``floor(budget / (unit power * (1 + other) * PUE))``
+    units of ``g`` GPUs.
+
+    Args:
+        system: a server or rack of :mod:`clusterlab.hardware` or its name.
+        facility_budget_w: power the site can deliver to the cluster, in W (>= 0).
+        pue: the facility's power usage effectiveness (>= 1).
+        other_it_fraction: IT power outside the servers or racks, as a fraction of theirs (>= 0).
+
+    Returns:
+        The number of GPUs (a multiple of the unit's GPU count; 0 if not one unit fits).
+
+    Raises:
+        ValueError: as :func:`cluster_power_w`, or on a negative budget.
+    """
+    budget = positive("facility_budget_w", facility_budget_w, allow_zero=True)
+    per_unit = hardware.nvlink_domain_gpus(system)
+    unit_w = cluster_power_w(system, per_unit, pue=pue, other_it_fraction=other_it_fraction)
+    # A tiny relative slack so that an exact fit is not rounded down by floating point.
+    return int(math.floor(budget / unit_w * (1 + 1e-12))) * per_unit

@@ -187,3 +187,31 @@ def required_write_bytes_per_s(checkpoint_bytes: float, write_s: float) -> float
     _check_positive("checkpoint_bytes", checkpoint_bytes)
     _check_positive("write_s", write_s)
     return float(checkpoint_bytes / write_s)
+
+
+def host_memory_bytes_per_s(io_bytes_per_s: float, *, gpudirect_storage: bool) -> float:
+    """Bytes per second that storage traffic to or from GPUs puts through the host's CPU memory.
+
+    Without GPUDirect Storage, data read from a file lands in a bounce buffer in CPU memory (the
+    NIC's or NVMe drive's DMA writes it there) and is copied from there into GPU memory (a read
+    of the same bytes), and writes take the same two hops the other way: host memory carries
+    every byte twice. With GPUDirect Storage the NIC or drive moves the bytes straight to or from
+    GPU memory (DMA through the PCIe switch), and host memory carries none of them.
+
+    Args:
+        io_bytes_per_s: storage throughput of the node's GPUs, read plus write (>= 0).
+        gpudirect_storage: whether the transfers use GPUDirect Storage (cuFile) or the bounce
+            buffer.
+
+    Returns:
+        ``2 * io_bytes_per_s`` without GPUDirect Storage, 0 with it.
+
+    Raises:
+        ValueError: if the throughput is negative or not finite.
+
+    References:
+        NVIDIA, GPUDirect Storage Design Guide ("avoiding a bounce buffer through the CPU").
+        https://docs.nvidia.com/gpudirect-storage/design-guide/index.html
+    """
+    rate = _check_positive("io_bytes_per_s", io_bytes_per_s, allow_zero=True)
+    return 0.0 if gpudirect_storage else 2.0 * rate
