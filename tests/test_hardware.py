@@ -233,3 +233,10 @@ def test_rack_power():
     assert hardware.power_per_gpu_w("GB200 NVL72") == pytest.approx(150e3 / 72)
     with pytest.raises(ValueError, match=r"GB300 NVL72 has no power figure .* GB200 NVL72"):
         hardware.power_per_gpu_w("GB300 NVL72")
+
+
+def test_fp8_ridge_point_is_twice_the_bf16_one():
+    assert hardware.ridge_point("H100", precision="fp8") == pytest.approx(
+        2 * hardware.ridge_point("H100"), rel=2e-3)
+    with pytest.raises(ValueError, match="V100 has no FP8 tensor cores"):
+        hardware.ridge_point("V100", precision="fp8")

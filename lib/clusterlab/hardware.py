@@ -370,23 +370,24 @@ def fabric(name: str) -> Fabric:
     return _lookup(FABRICS, name, "fabric")
 
 
-def ridge_point(gpu_spec: GPU | str) -> float:
+def ridge_point(gpu_spec: GPU | str, *, precision: str = "bf16") -> float:
     """Arithmetic intensity (FLOP per byte of HBM traffic) where a GPU's roofline bends.
 
     Below it a kernel is memory-bound (HBM bandwidth limits it), above it compute-bound.
 
     Args:
         gpu_spec: a :class:`GPU` or its name.
+        precision: whose peak sets the roof, ``"bf16"`` or ``"fp8"`` (see :func:`peak_flops`).
 
     Returns:
-        ``bf16_flops / hbm_bytes_per_s`` in FLOP/byte.
+        ``peak_flops(gpu_spec, precision=precision) / hbm_bytes_per_s`` in FLOP/byte.
 
     References:
         Williams, Waterman & Patterson, "Roofline", CACM 52(4), 2009.
         https://doi.org/10.1145/1498765.1498785
     """
     spec = gpu(gpu_spec) if isinstance(gpu_spec, str) else gpu_spec
-    return spec.bf16_flops / spec.hbm_bytes_per_s
+    return peak_flops(spec, precision=precision) / spec.hbm_bytes_per_s
 
 
 def roofline_flops(gpu_spec: GPU | str, intensity_flops_per_byte: float) -> float:
