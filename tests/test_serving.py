@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from clusterlab import memory, serving
@@ -85,3 +87,153 @@ def test_tensor_parallel_all_reduces_per_token():
     assert serving.tensor_parallel_all_reduces_per_token(1) == 2
     with pytest.raises(ValueError, match="n_layers"):
         serving.tensor_parallel_all_reduces_per_token(0)
+
+
+# --- the serving model: Model, roofline steps, capacity, disaggregation, sizing -------------
+
+M = serving.LLAMA_3_70B
+
+
+def test_llama_3_70b_shape_and_parameter_count():
+    assert (M.d_attn, M.n_layers, M.n_kv_heads, M.head_dim) == (8192, 80, 8, 128)
+    # Hand count: embeddings 2 x 128256 x 8192; per layer Q and O 8192^2 each, K and V
+    # 8192 x 1024 each, MLP 3 x 8192 x 28672. Meta calls it 70B.
+    per_layer = 2 * 8192**2 + 2 * 8192 * 1024 + 3 * 8192 * 28672
+    assert M.n_params == 2 * 128256 * 8192 + 80 * per_layer
+    assert 70e9 < M.n_params < 71e9
+    assert M.matmul_params == M.n_params - 128256 * 8192
+    assert M.param_bytes() == 2 * M.n_params and M.param_bytes(1) == M.n_params
+    assert M.kv_cache_bytes(4096, 2) == memory.kv_cache_bytes(80, 8, 128, 4096, 2)
+
+
+def test_model_rejects_bad_shapes():
+    with pytest.raises(ValueError, match="divide"):
+        serving.Model("x", 2, 64, n_heads=6, n_kv_heads=4, head_dim=8, d_ff=128, vocab=10,
+                      source="test")
+    with pytest.raises(ValueError, match="d_ff"):
+        serving.Model("x", 2, 64, 8, 8, 8, d_ff=0, vocab=10, source="test")
+
+
+def test_roofline_step_takes_the_slower_roof_and_splits_over_tp():
+    h200 = serving.hardware.gpu("H200")
+    step = serving.roofline_step(989e12, 4.8e12, gpu="H200")
+    assert step.compute_s == pytest.approx(1.0) and step.memory_s == pytest.approx(1.0)
+    memory_bound = serving.roofline_step(1e12, 9.6e12, gpu=h200, tp=2, communication_s=0.5)
+    assert memory_bound.memory_s == pytest.approx(1.0) and memory_bound.bound == "memory"
+    assert memory_bound.time_s == pytest.approx(1.5)
+    derated = serving.roofline_step(989e12, 0, gpu="H200", flops_efficiency=0.5)
+    assert derated.time_s == pytest.approx(2.0) and derated.bound == "compute"
+    for kwargs, match in [(dict(tp=0), "tp"), (dict(flops_efficiency=1.5), "flops_efficiency"),
+                          (dict(bandwidth_efficiency=0), "bandwidth_efficiency"),
+                          (dict(communication_s=-1), "communication_s")]:
+        with pytest.raises(ValueError, match=match):
+            serving.roofline_step(1.0, 1.0, gpu="H200", **kwargs)
+    with pytest.raises(ValueError, match="Unknown GPU"):
+        serving.roofline_step(1.0, 1.0, gpu="Z100")
+
+
+def test_prefill_flops_is_the_sum_of_decode_flops_over_positions():
+    tokens = 37
+    summed = sum(serving.decode_flops_per_token(M.matmul_params, n_layers=M.n_layers, seq_len=i,
+                                                d_attn=M.d_attn) for i in range(1, tokens + 1))
+    assert serving.prefill_flops(M, tokens) == pytest.approx(summed)
+    assert serving.prefill_flops(M, tokens, batch=3) == pytest.approx(3 * summed)
+    with pytest.raises(ValueError, match="prompt_tokens"):
+        serving.prefill_flops(M, 0)
+
+
+def test_prefill_is_compute_bound_and_decode_memory_bound():
+    pre = serving.prefill(M, 2048, gpu="H200", tp=8)
+    assert pre.bound == "compute" and pre.communication_s > 0
+    assert pre.compute_s == pytest.approx(serving.prefill_flops(M, 2048) / 8 / 989e12)
+    one = serving.decode_step(M, 1, 2048, gpu="H200", tp=2)
+    assert one.bound == "memory"
+    assert one.memory_s == pytest.approx(
+        (M.param_bytes() + M.kv_cache_bytes(2048)) / 2 / 4.8e12)
+    alone = serving.decode_step(M, 1, 2048, gpu="H200")
+    assert alone.communication_s == 0 and one.communication_s > 0
+
+
+def test_tensor_parallel_communication_is_the_costmodel_all_reduce():
+    step = serving.decode_step(M, 16, 1024, gpu="H200", tp=8)
+    per_call = serving.costmodel.all_reduce_time(16 * 8192 * 2, gpu="H200", n_nodes=1,
+                                                 gpus_per_node=8)
+    assert step.communication_s == pytest.approx(160 * per_call)
+
+
+def test_batching_raises_throughput_and_latency():
+    batches = (1, 4, 16, 64, 256)
+    steps = [serving.decode_step(M, b, 1024, gpu="H200", tp=4).time_s for b in batches]
+    rates = [serving.decode_tokens_per_s(M, b, 1024, gpu="H200", tp=4) for b in batches]
+    assert steps == sorted(steps) and rates == sorted(rates)
+    assert rates[-1] / rates[0] > 50  # weights are read once for the whole batch
+    assert rates[2] == pytest.approx(16 / steps[2])
+
+
+@pytest.mark.parametrize("seq_len", [0, 512])
+def test_crossover_batch_separates_memory_and_compute_bound(seq_len):
+    b_star = serving.crossover_batch(M, seq_len, gpu="H200")
+    assert math.isfinite(b_star)
+    below = serving.decode_step(M, math.floor(b_star), seq_len, gpu="H200")
+    above = serving.decode_step(M, math.ceil(b_star), seq_len, gpu="H200")
+    assert below.bound == "memory" and above.bound == "compute"
+    if seq_len == 0:  # weights only: the ridge point, corrected for the matmul parameters
+        ridge = serving.hardware.ridge_point("H200")
+        assert b_star == pytest.approx(ridge * M.n_params / M.matmul_params)
+
+
+def test_crossover_batch_is_infinite_when_the_cache_dominates():
+    assert serving.crossover_batch(M, 4096, gpu="H200") == math.inf
+    assert serving.decode_step(M, 100_000, 4096, gpu="H200").bound == "memory"
+    with pytest.raises(ValueError, match="flops_efficiency"):
+        serving.crossover_batch(M, 0, gpu="H200", flops_efficiency=2)
+
+
+def test_max_batch_fills_memory_after_the_weights():
+    b = serving.max_batch(M, 4096, gpu="H200", tp=2)
+    free = 0.9 * 2 * 141e9 - M.param_bytes()
+    assert b == int(free // M.kv_cache_bytes(4096))
+    assert b * M.kv_cache_bytes(4096) <= free < (b + 1) * M.kv_cache_bytes(4096)
+    assert serving.max_batch(M, 4096, gpu="H200", tp=1, bytes_per_param=1) > 0
+    with pytest.raises(ValueError, match="raise tp"):
+        serving.max_batch(M, 4096, gpu="H200", tp=1)
+    with pytest.raises(ValueError, match="usable_fraction"):
+        serving.max_batch(M, 4096, gpu="H200", tp=2, usable_fraction=1.2)
+    with pytest.raises(ValueError, match="seq_len"):
+        serving.max_batch(M, 0, gpu="H200", tp=2)
+
+
+def test_kv_transfer_time():
+    nbytes = M.kv_cache_bytes(2048, 4)
+    assert serving.kv_transfer_time_s(M, 2048, link="IB-NDR", batch=4) == pytest.approx(
+        nbytes / 50e9)
+    assert serving.kv_transfer_time_s(M, 2048, link=serving.hardware.link("IB-NDR"), batch=4,
+                                      n_links=8) == pytest.approx(nbytes / 400e9)
+    with pytest.raises(ValueError, match="Unknown link"):
+        serving.kv_transfer_time_s(M, 2048, link="carrier-pigeon")
+    with pytest.raises(ValueError, match="n_links"):
+        serving.kv_transfer_time_s(M, 2048, link="IB-NDR", n_links=0)
+
+
+def test_serving_options_and_size_serving():
+    kwargs = dict(target_tokens_per_s=1e5, max_tpot_s=0.05, seq_len=4096, gpu="H200")
+    plans = serving.serving_options(M, **kwargs)
+    assert [p.tp for p in plans] == [2, 4, 8]  # tp = 1: the BF16 weights do not fit
+    for plan in plans:
+        assert plan.tpot_s <= 0.05
+        assert plan.batch <= serving.max_batch(M, 4096, gpu="H200", tp=plan.tp)
+        assert plan.replicas * plan.replica_tokens_per_s >= 1e5
+        assert (plan.replicas - 1) * plan.replica_tokens_per_s < 1e5
+        assert plan.gpus == plan.replicas * plan.tp
+        bigger = plan.batch + 1
+        if bigger <= serving.max_batch(M, 4096, gpu="H200", tp=plan.tp):
+            assert serving.decode_step(M, bigger, 4096, gpu="H200", tp=plan.tp).time_s > 0.05
+    best = serving.size_serving(M, **kwargs)
+    assert best.gpus == min(p.gpus for p in plans)
+    # A tighter latency target forces smaller batches and so more GPUs.
+    tight = serving.size_serving(M, **{**kwargs, "max_tpot_s": 0.025})
+    assert tight.gpus > best.gpus and tight.tpot_s <= 0.025
+    with pytest.raises(ValueError, match="max_tpot_s"):
+        serving.size_serving(M, **{**kwargs, "max_tpot_s": 1e-3})
+    with pytest.raises(ValueError, match="target_tokens_per_s"):
+        serving.serving_options(M, **{**kwargs, "target_tokens_per_s": 0})
