@@ -5,10 +5,14 @@ from __future__ import annotations
 from typing import Sequence
 
 import matplotlib.pyplot as plt
+import numpy as np
 from matplotlib.axes import Axes
-from matplotlib.ticker import FuncFormatter
+from matplotlib.patches import Patch, Rectangle
+from matplotlib.ticker import FuncFormatter, MaxNLocator
 
+from clusterlab import _checks, memory
 from clusterlab.bench import format_bytes
+from clusterlab.parallel import pipeline
 
 MEASURED_STYLE = {"marker": "o", "linestyle": "-", "linewidth": 1.5, "markersize": 4}
 MODEL_STYLE = {"linestyle": "--", "linewidth": 1.5}
@@ -47,3 +51,220 @@ def measured_vs_model(ax: Axes, sizes_bytes: Sequence[float], measured: Sequence
     if model is not None:
         ax.plot(sizes_bytes, model, color=line.get_color(), label=f"{label} model".strip(),
                 **MODEL_STYLE)
+
+
+def _axes(ax: Axes | None) -> Axes:
+    return plt.subplots()[1] if ax is None else ax
+
+
+def _colour(index: int) -> tuple:
+    return plt.get_cmap("tab10")(index % 10)
+
+
+IDLE_COLOUR = "0.92"
+
+
+def pipeline_timeline(schedule: pipeline.Schedule, ax: Axes | None = None) -> Axes:
+    """A pipeline schedule as a coloured timeline: one row per stage, one box per piece of work.
+
+    Forward passes are solid, backward passes lighter and hatched, in the micro-batch's colour
+    and labelled with its number (``3.1``: micro-batch 3, model chunk 1, when interleaved); idle
+    slots are grey. Time runs in passes of one micro-batch through a whole stage, so an
+    interleaved slot is ``1/v`` wide and schedules compare on one axis. Each box's ``gid`` is
+    ``"forward"``, ``"backward"`` or ``"idle"``.
+
+    Args:
+        schedule: from :func:`clusterlab.parallel.pipeline.make_schedule` (kind and micro-batch
+            tables i32[T, p]).
+        ax: where to draw; a new figure when None.
+
+    Returns:
+        The axes, titled with the schedule and its idle fraction.
+    """
+    ax = _axes(ax)
+    v = schedule.virtual_stages
+    width = 1 / v
+    for t, s in np.ndindex(schedule.kind.shape):
+        kind, i = int(schedule.kind[t, s]), int(schedule.microbatch[t, s])
+        if kind == pipeline.IDLE:
+            ax.add_patch(Rectangle((t * width, s - 0.4), width, 0.8, facecolor=IDLE_COLOUR,
+                                   edgecolor="white", linewidth=0.5, gid="idle"))
+            continue
+        forward = kind == pipeline.FORWARD
+        ax.add_patch(Rectangle((t * width, s - 0.4), width, 0.8, facecolor=_colour(i),
+                               alpha=1.0 if forward else 0.45, hatch=None if forward else "///",
+                               edgecolor="white", linewidth=0.5,
+                               gid="forward" if forward else "backward"))
+        label = f"{i}.{int(schedule.chunk[t, s])}" if v > 1 else f"{i}"
+        ax.text((t + 0.5) * width, s, label, ha="center", va="center",
+                fontsize=7 if v == 1 else 5, clip_on=True)
+    ax.set_xlim(0, schedule.slots * width)
+    ax.set_ylim(schedule.stages - 0.5, -0.5)  # stage 0 on top
+    ax.set_yticks(range(schedule.stages), [f"stage {s}" for s in range(schedule.stages)])
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.grid(False)
+    ax.set_xlabel("time (passes of one micro-batch through one stage)")
+    chunks = f", v = {v}" if v > 1 else ""
+    ax.set_title(f"{schedule.name}: p = {schedule.stages}, m = {schedule.microbatches}{chunks}, "
+                 f"idle {schedule.idle_fraction:.1%}", fontsize=10)
+    ax.legend(handles=[Patch(facecolor="0.5", label="forward"),
+                       Patch(facecolor="0.5", alpha=0.45, hatch="///", label="backward"),
+                       Patch(facecolor=IDLE_COLOUR, label="idle")],
+              loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
+    return ax
+
+
+def pipeline_timelines(schedules: Sequence[pipeline.Schedule], *,
+                       width_in: float = 9.0) -> plt.Figure:
+    """Several schedules' timelines (:func:`pipeline_timeline`) stacked on one time axis.
+
+    Args:
+        schedules: from :func:`clusterlab.parallel.pipeline.make_schedule`, at least one.
+        width_in: the figure's width in inches.
+
+    Returns:
+        The figure, one row per schedule, all drawn up to the longest schedule's time.
+    """
+    if not schedules:
+        raise ValueError("pipeline_timelines needs at least one schedule.")
+    height_in = 0.4 + sum(0.35 * s.stages + 0.9 for s in schedules)
+    fig, axes = plt.subplots(len(schedules), 1, squeeze=False, figsize=(width_in, height_in))
+    end = max(s.slots / s.virtual_stages for s in schedules)
+    for ax, schedule in zip(axes[:, 0], schedules):
+        pipeline_timeline(schedule, ax)
+        ax.set_xlim(0, end)
+    fig.tight_layout()
+    return fig
+
+
+def ring_chunks_sent(p: int) -> np.ndarray:
+    """Which chunk each device sends to its right neighbour in each step of a ring all-reduce.
+
+    The buffer is cut into p chunks. In reduce-scatter step ``k`` (1 to p-1) device ``i`` sends
+    its partial sum of chunk ``(i - k) mod p`` and ends owning the full sum of chunk ``i``; in
+    all-gather step ``k`` it passes on chunk ``(i + 1 - k) mod p``. This is the order of
+    :func:`clusterlab.collectives.ring_reduce_scatter` and
+    :func:`clusterlab.collectives.ring_all_gather`.
+
+    Args:
+        p: devices in the ring, at least 2.
+
+    Returns:
+        i32[2(p-1), p]: the chunk index per step (reduce-scatter steps first) and device.
+    """
+    p = _checks.count("p", p, minimum=2)
+    device = np.arange(p)
+    steps = np.arange(1, p)[:, None]
+    return np.vstack([(device - steps) % p, (device + 1 - steps) % p]).astype(np.int32)
+
+
+def ring_all_reduce_steps(p: int, ax: Axes | None = None) -> Axes:
+    """A ring all-reduce as a picture: the chunk each device sends in each of its 2(p-1) steps.
+
+    Rows are devices, columns steps: p-1 reduce-scatter steps (each device adds what it receives
+    to its own share and passes the partial sum on), then p-1 all-gather steps (the completed
+    chunks travel round). Each box, in its chunk's colour, says which chunk goes to the right
+    neighbour (``gid`` ``"reduce-scatter"`` or ``"all-gather"``); the steps come from
+    :func:`ring_chunks_sent`.
+
+    Args:
+        p: devices in the ring, at least 2.
+        ax: where to draw; a new figure when None.
+
+    Returns:
+        The axes.
+    """
+    sent = ring_chunks_sent(p)
+    ax = _axes(ax)
+    for k, i in np.ndindex(sent.shape):
+        reduce_scatter = k < p - 1
+        ax.add_patch(Rectangle((k, i - 0.4), 1, 0.8, facecolor=_colour(int(sent[k, i])),
+                               alpha=0.5 if reduce_scatter else 1.0, edgecolor="white",
+                               gid="reduce-scatter" if reduce_scatter else "all-gather"))
+        ax.text(k + 0.5, i, f"c{sent[k, i]} \u2192 {(i + 1) % p}", ha="center", va="center",
+                fontsize=8)
+    ax.axvline(p - 1, color="black", linewidth=1)
+    ax.set_xlim(0, 2 * (p - 1))
+    ax.set_ylim(p - 0.5, -0.5)
+    ax.set_xticks(np.arange(2 * (p - 1)) + 0.5,
+                  [f"RS {k}" for k in range(1, p)] + [f"AG {k}" for k in range(1, p)])
+    ax.set_yticks(range(p), [f"device {i}" for i in range(p)])
+    ax.grid(False)
+    ax.set_xlabel("step (RS: reduce-scatter, partial sums; AG: all-gather, finished chunks)")
+    ax.set_title(f"Ring all-reduce on {p} devices: chunk sent to the right neighbour per step",
+                 fontsize=10)
+    return ax
+
+
+ZERO_COMPONENTS = ("parameters", "gradients", "optimizer state")
+
+
+def zero_memory_components(n_params: float, dp: int, zero_stage: int, *,
+                           bytes_param: float = 2, bytes_grad: float = 2,
+                           optimizer_bytes_per_param: float = 12) -> tuple[float, float, float]:
+    """Bytes per device of parameters, gradients and optimizer state under a ZeRO stage.
+
+    Each part is a difference of :func:`clusterlab.memory.training_memory_per_device` with the
+    later parts' bytes set to zero, so the three add up to it exactly.
+
+    Args:
+        n_params, dp, zero_stage, bytes_param, bytes_grad, optimizer_bytes_per_param: as for
+            :func:`clusterlab.memory.training_memory_per_device`.
+
+    Returns:
+        ``(parameters, gradients, optimizer state)`` in bytes per device.
+    """
+    def states(grad: float, optimizer: float) -> float:
+        return memory.training_memory_per_device(n_params, dp, zero_stage, bytes_param=bytes_param,
+                                                 bytes_grad=grad,
+                                                 optimizer_bytes_per_param=optimizer)
+
+    params_only = states(0, 0)
+    with_grads = states(bytes_grad, 0)
+    return params_only, with_grads - params_only, states(bytes_grad, optimizer_bytes_per_param) \
+        - with_grads
+
+
+def zero_memory_bars(n_params: float, dp: int, ax: Axes | None = None, *,
+                     capacity_bytes: float | None = None, capacity_label: str = "",
+                     **bytes_per_param: float) -> Axes:
+    """Per-device model states under ZeRO stages 0-3 as stacked bars, in GB (1e9 bytes).
+
+    One bar per stage, stacked parameters / gradients / optimizer state
+    (:func:`zero_memory_components`), each total labelled; an optional dotted line marks a
+    device's memory.
+
+    Args:
+        n_params: N, the model's parameters.
+        dp: data-parallel devices the states are sharded across.
+        ax: where to draw; a new figure when None.
+        capacity_bytes: a device's memory, drawn as a dotted line when given.
+        capacity_label: the line's label (e.g. ``"H100, 80 GB"``).
+        **bytes_per_param: ``bytes_param``, ``bytes_grad``, ``optimizer_bytes_per_param`` as
+            for :func:`clusterlab.memory.training_memory_per_device`.
+
+    Returns:
+        The axes; the bars of component ``c`` carry ``gid = c``.
+    """
+    ax = _axes(ax)
+    parts = np.array([zero_memory_components(n_params, dp, stage, **bytes_per_param)
+                      for stage in memory.ZERO_STAGES]) / 1e9  # f64[4 stages, 3 components] GB
+    bottom = np.zeros(len(memory.ZERO_STAGES))
+    for c, name in enumerate(ZERO_COMPONENTS):
+        bars = ax.bar(memory.ZERO_STAGES, parts[:, c], bottom=bottom, color=_colour(c),
+                      label=name, width=0.6)
+        for bar in bars:
+            bar.set_gid(name)
+        bottom += parts[:, c]
+    for stage, total in zip(memory.ZERO_STAGES, bottom):
+        ax.text(stage, total, f"{total:.3g} GB", ha="center", va="bottom", fontsize=8)
+    if capacity_bytes is not None:
+        ax.axhline(_checks.positive("capacity_bytes", capacity_bytes) / 1e9, color="0.3",
+                   linestyle=":", label=capacity_label or "device memory")
+    ax.set_xticks(memory.ZERO_STAGES, [f"stage {s}" for s in memory.ZERO_STAGES])
+    ax.set_xlabel("ZeRO stage")
+    ax.set_ylabel("GB per device")
+    ax.set_title(f"Model states per device: {n_params / 1e9:.3g}B parameters, dp = {dp}",
+                 fontsize=10)
+    ax.legend()
+    return ax
