@@ -159,6 +159,10 @@ def test_tensor_parallel_communication_is_the_costmodel_all_reduce():
     per_call = serving.costmodel.all_reduce_time(16 * 8192 * 2, gpu="H200", n_nodes=1,
                                                  gpus_per_node=8)
     assert step.communication_s == pytest.approx(160 * per_call)
+    assert serving.tensor_parallel_all_reduce_bytes(M, 16) == 16 * 8192 * 2
+    assert serving.tensor_parallel_all_reduce_bytes(M, 16, bytes_per_value=4) == 16 * 8192 * 4
+    with pytest.raises(ValueError, match="tokens"):
+        serving.tensor_parallel_all_reduce_bytes(M, 0)
 
 
 def test_batching_raises_throughput_and_latency():

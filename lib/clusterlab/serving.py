@@ -32,6 +32,7 @@ __all__ = [
     "LLAMA_3_70B",
     "StepTime",
     "roofline_step",
+    "tensor_parallel_all_reduce_bytes",
     "prefill_flops",
     "prefill",
     "decode_step",
@@ -318,12 +319,34 @@ def roofline_step(flops: float, hbm_bytes: float, *, gpu: hardware.GPU | str, tp
                     communication_s)
 
 
+def tensor_parallel_all_reduce_bytes(model: Model, tokens: int, *,
+                                     bytes_per_value: float = 2) -> float:
+    """Buffer of one tensor-parallel all-reduce: the ``[tokens, d_model]`` activations.
+
+    A row-parallel matmul (attention's output projection, the MLP's second matmul) leaves each
+    GPU a partial sum of the whole output; the all-reduce adds them. In decode ``tokens`` is the
+    batch (one new token per sequence), in prefill the batch's prompt tokens.
+
+    Args:
+        model: the model (its ``d_model``).
+        tokens: tokens in the step (integer >= 1).
+        bytes_per_value: bytes per activation (2 for BF16).
+
+    Returns:
+        ``tokens * d_model * bytes_per_value`` in bytes, the size nccl-tests would report.
+
+    References:
+        Shoeybi et al. 2019 (Megatron-LM), Section 3. https://arxiv.org/abs/1909.08053
+    """
+    tokens = _checks.count("tokens", tokens)
+    return tokens * model.d_model * _checks.positive("bytes_per_value", bytes_per_value)
+
+
 def _tp_all_reduces_s(model: Model, tokens: int, tp: int, gpu: hardware.GPU,
                       bytes_per_activation: float) -> float:
-    # Each all-reduce sums the [tokens, d_model] output of a row-parallel matmul.
     if tp == 1:
         return 0.0
-    nbytes = tokens * model.d_model * bytes_per_activation
+    nbytes = tensor_parallel_all_reduce_bytes(model, tokens, bytes_per_value=bytes_per_activation)
     return (tensor_parallel_all_reduces_per_token(model.n_layers)
             * costmodel.all_reduce_time(nbytes, gpu=gpu, n_nodes=1, gpus_per_node=tp))
 
