@@ -1,12 +1,14 @@
 """Command line: ``python -m clusterlab bench OP --devices N --min 4K --max 64M``,
-``python -m clusterlab plan --params 70e9 --tokens 2e12 --gpu H100 --gpus 1024`` and
-``python -m clusterlab expect all_reduce --gpu H100 --nodes 4 --measured all_reduce.log``.
+``python -m clusterlab plan --params 70e9 --tokens 2e12 --gpu H100 --gpus 1024``,
+``python -m clusterlab expect all_reduce --gpu H100 --nodes 4 --measured all_reduce.log``
+and ``python -m clusterlab grade SUBMISSION.ipynb --key keys``.
 
 ``bench`` prints an nccl-tests-style table for one collective on the devices JAX sees, or on
 simulated CPU devices when there are not enough. ``plan`` prints the planner's ranking of
 parallel layouts for a workload on a cluster (:mod:`clusterlab.plan`); it runs no JAX.
 ``expect`` prints the bus bandwidth :func:`clusterlab.costmodel.cluster_collective` expects per
-message size, and with ``--measured`` holds an nccl-tests output against it; it runs no JAX.
+message size, and with ``--measured`` holds an nccl-tests output against it; it runs no JAX. ``grade`` runs submitted lab
+notebooks and grades every exercise from the instructor's key (:mod:`clusterlab.grading`).
 """
 
 from __future__ import annotations
@@ -49,7 +51,23 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--repeats", type=int, default=5)
     _plan_parser(commands)
     _expect_parser(commands)
+    _grade_parser(commands)
     return parser
+
+
+def _grade_parser(commands) -> None:
+    grade = commands.add_parser(
+        "grade", help="run submitted lab notebooks and grade every exercise from the key",
+        description="Run each submitted notebook in its own kernel (a failing cell does not stop "
+                    "it), then judge every exercise of its lab from the instructor's key "
+                    "(keys/labNN.py): one line per exercise (✓, or ✗ with the hint) and a "
+                    "total. An exercise whose check call was deleted scores zero. Exits 1 when "
+                    "any exercise fails, 2 when a submission cannot be graded.")
+    grade.add_argument("submissions", nargs="+", metavar="SUBMISSION.ipynb",
+                       help="notebooks named like the lab they answer (NN-*.ipynb)")
+    grade.add_argument("--key", default="keys", help="folder of the keys labNN.py (keys)")
+    grade.add_argument("--timeout", type=float, default=600,
+                       help="longest run of one cell, seconds (600)")
 
 
 EXPECT_OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")
@@ -324,6 +342,9 @@ def _bench(args: argparse.Namespace) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if args.command == "grade":
+        from clusterlab import grading
+        return grading.main(args.submissions, key_dir=args.key, timeout_s=args.timeout)
     try:
         if args.command == "bench":
             _bench(args)

@@ -1,73 +1,139 @@
 """Checking exercise answers, with feedback a student can act on.
 
-Each function prints one line, a tick or a hint, and returns nothing, so a notebook cell shows
-that verdict line and nothing else.
+A lab's exercise cell records the student's answer and carries no expected value::
 
-Grading: with the environment variable ``CLUSTERLAB_CHECK_STRICT=1`` a failed check also raises
-an ``AssertionError`` carrying the same line, so an instructor can run a submitted notebook with
-``CLUSTERLAB_CHECK_STRICT=1 pytest --nbval-lax submitted.ipynb`` and see every wrong or missing
-answer as a failing cell.
+    answer = ...  # bytes
+    check.answer("lab01.1", answer)
+
+:func:`answer` records the value under the exercise's id and, where the instructor's key
+(``keys/labNN.py``, see :mod:`clusterlab.grading`) is found, judges it and prints one ✓/✗ line
+with the key's hint; in a student copy, which has no key, it prints one line saying the answer
+was recorded and how it is graded. ``python -m clusterlab grade`` runs a submitted notebook and
+judges every exercise of the key from the recorded answers, so a deleted ``check.answer`` call
+scores zero for its exercise.
+
+:func:`close` and :func:`equal` are the comparisons the keys use; chapters call them directly
+where the expected value is part of the text. Each function prints one line and returns nothing,
+so a notebook cell shows that verdict line and nothing else.
 """
 
 from __future__ import annotations
 
-import os
+import re
+import sys
 
 import numpy as np
 
-STRICT_ENV = "CLUSTERLAB_CHECK_STRICT"
+EXERCISE_ID = re.compile(r"^lab(\d\d)\.(\d+)$")
+_NO_ANSWER = "no answer yet; replace the ... with your value."
+
+# The answers recorded in this process (a notebook's kernel), by exercise id; the grader reads
+# them after the submitted notebook has run.
+_RECORDED: dict[str, object] = {}
 
 
-def _fail(line: str) -> None:
-    """Print a failed verdict; raise it instead of returning when grading strictly."""
-    print(line)
-    if os.environ.get(STRICT_ENV, "") not in ("", "0"):
-        raise AssertionError(line)
+def is_unanswered(value) -> bool:
+    """Whether ``value`` is the blank a student cell starts with (``...``) or nothing."""
+    return value is None or value is Ellipsis
 
 
-def close(answer, expected, *, rtol: float = 1e-3, atol: float = 0.0, hint: str = "",
-          name: str = "answer") -> None:
-    """Check a number (or array) against the expected value within a relative tolerance.
+def close_verdict(answer, expected, *, rtol: float = 1e-3, atol: float = 0.0, hint: str = "",
+                  name: str = "answer") -> tuple[bool, str]:
+    """Judge a number (or array) against the expected value within a relative tolerance.
 
     Args:
         answer: the student's value.
-        expected: the reference value.
+        expected: the reference value; an array's shape must match exactly (one value may come
+            in any shape of size 1), nothing is broadcast.
         rtol: relative tolerance (1e-3 = within 0.1%).
         atol: absolute tolerance.
         hint: what to look at again when the answer is wrong.
         name: what the answer is, for the message.
 
-    Prints ``✓ <name> is correct.`` when ``answer`` is within tolerance of ``expected``, otherwise
-    one ``✗`` line with the hint (raised as an AssertionError when grading strictly).
+    Returns:
+        ``(passed, line)``: the verdict and its one-line message (✓ or ✗ with the hint).
     """
-    if answer is None or answer is Ellipsis:
-        return _fail(f"✗ {name}: no answer yet; replace the ... with your value.")
+    if is_unanswered(answer):
+        return False, f"✗ {name}: {_NO_ANSWER}"
     try:
         answer_array = np.asarray(answer, dtype=float)
         expected_array = np.asarray(expected, dtype=float)
     except (TypeError, ValueError):
-        return _fail(f"✗ {name}: expected a number, got {answer!r}.")
+        return False, f"✗ {name}: expected a number, got {answer!r}."
     # one value is one value, whatever its shape; anything larger must match (no broadcasting)
     one_value = answer_array.size == expected_array.size == 1
     if answer_array.shape != expected_array.shape and not one_value:
-        return _fail(f"✗ {name} has shape {answer_array.shape}; expected shape "
-                     f"{expected_array.shape}.")
-    passed = bool(np.allclose(answer_array, expected_array, rtol=rtol, atol=atol))
-    if passed:
-        print(f"✓ {name} is correct.")
-        return
-    return _fail(f"✗ {name} is off: {np.asarray(answer)} vs the expected value (within {rtol:.0e} "
-                 f"relative). {hint}".rstrip())
+        return False, (f"✗ {name} has shape {answer_array.shape}; expected shape "
+                       f"{expected_array.shape}.")
+    if np.allclose(answer_array, expected_array, rtol=rtol, atol=atol):
+        return True, f"✓ {name} is correct."
+    return False, (f"✗ {name} is off: {np.asarray(answer)} vs the expected value (within "
+                   f"{rtol:.0e} relative). {hint}").rstrip()
+
+
+def equal_verdict(answer, expected, *, hint: str = "", name: str = "answer") -> tuple[bool, str]:
+    """Judge an exact answer: a string, an integer, a tuple of names, an array.
+
+    Sequences compare element-wise, so ``[4, 6]`` equals ``(4, 6)``; arrays must have the
+    expected shape and every element equal.
+
+    Returns:
+        ``(passed, line)``: the verdict and its one-line message (✓ or ✗ with the hint).
+    """
+    if is_unanswered(answer):
+        return False, f"✗ {name}: {_NO_ANSWER}"
+    if _exactly_equal(answer, expected):
+        return True, f"✓ {name} is correct."
+    return False, f"✗ {name} is not right. {hint}".rstrip()
+
+
+def close(answer, expected, *, rtol: float = 1e-3, atol: float = 0.0, hint: str = "",
+          name: str = "answer") -> None:
+    """Print :func:`close_verdict`'s line: ``✓ <name> is correct.`` or one ✗ line with the hint."""
+    print(close_verdict(answer, expected, rtol=rtol, atol=atol, hint=hint, name=name)[1])
 
 
 def equal(answer, expected, *, hint: str = "", name: str = "answer") -> None:
-    """Check an exact answer: a string, an integer, a tuple of names."""
-    if answer is None or answer is Ellipsis:
-        return _fail(f"✗ {name}: no answer yet; replace the ... with your value.")
-    if _exactly_equal(answer, expected):
-        print(f"✓ {name} is correct.")
+    """Print :func:`equal_verdict`'s line: ``✓ <name> is correct.`` or one ✗ line with the hint."""
+    print(equal_verdict(answer, expected, hint=hint, name=name)[1])
+
+
+def answer(exercise_id: str, value) -> None:
+    """Record a lab exercise's answer and, where the instructor's key is found, judge it.
+
+    Args:
+        exercise_id: ``"labNN.K"``, the K-th exercise of lab NN (as the key names it).
+        value: the answer: a number, a tuple, an array, or for a code exercise the function
+            the student wrote.
+
+    Prints one line: the key's ✓/✗ verdict with its hint; without a key (a student copy),
+    that the answer was recorded and is graded with ``python -m clusterlab grade``; for a blank
+    (``...``), that there is no answer yet.
+
+    Raises:
+        ValueError: when ``exercise_id`` is not of the form ``labNN.K``, or the key has no such
+            exercise.
+    """
+    if not isinstance(exercise_id, str) or not EXERCISE_ID.match(exercise_id):
+        raise ValueError(f"Exercise ids look like 'lab01.2' (lab 01, exercise 2); got "
+                         f"{exercise_id!r}.")
+    from clusterlab import grading  # grading imports this module
+
+    _RECORDED[exercise_id] = value
+    key = grading.find_key(exercise_id)
+    if key is None:
+        print(f"✗ {exercise_id}: {_NO_ANSWER}" if is_unanswered(value) else
+              f"• {exercise_id}: answer recorded; your instructor grades it with the course's "
+              "key (python -m clusterlab grade).")
         return
-    return _fail(f"✗ {name} is not right. {hint}".rstrip())
+    # expected values the key takes from the lab come from the calling notebook's namespace
+    namespace = sys._getframe(1).f_globals
+    print(grading.judge(key, exercise_id, value, namespace).line)
+
+
+def recorded_answers() -> dict[str, object]:
+    """The answers :func:`answer` recorded in this process, by exercise id (a copy)."""
+    return dict(_RECORDED)
 
 
 # --- Verifications: claims a lab makes about its own run -------------------------------------

@@ -1,15 +1,17 @@
-"""Student copies of the labs: solutions removed, outputs cleared.
+"""Student copies of the labs: solutions removed, outputs cleared, no answer key.
 
-``python -m clusterlab.student --out student/`` writes one notebook per lab in ``labs/``. A
-solution is every cell from the markdown cell that opens it (a ```` ```{solution-start} ````
-directive, QuantEcon's gated format) to the markdown cell that closes it (```` ```{solution-end}
+``python -m clusterlab.student --out student/`` (``make student``) writes one notebook per lab in
+``labs/``. A solution is every cell from the markdown cell that opens it (a ```` ```{solution-start}
+```` directive, QuantEcon's gated format) to the markdown cell that closes it (```` ```{solution-end}
 ````), both included; text that shares a cell with those directives, before the opening or after
 the closing one, stays. Exercises and the cells where students write their answers stay. Code
 cells lose their outputs and execution counts, so the copy shows nothing a student has not run.
 
-To check a submitted copy, run it with nbval in lax mode (cells must run, outputs are not
-compared) and strict checks (every wrong or missing answer raises, see :mod:`clusterlab.check`):
-``CLUSTERLAB_CHECK_STRICT=1 pytest --nbval-lax submitted.ipynb``.
+The answer key stays out: the copies are notebooks only (the keys live in ``keys/labNN.py``, see
+:mod:`clusterlab.grading`), and a copy is refused when a cell left in it checks an exercise with
+its expected value (``check.close``/``check.equal``) instead of recording it with
+``check.answer(id, answer)``. To grade submitted copies, run them against the key:
+``python -m clusterlab grade submitted/*.ipynb --key keys`` (``make grade SUBMISSIONS=...``).
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ import nbformat
 SOLUTION_START = "{solution-start}"
 SOLUTION_END = "{solution-end}"
 _END = re.compile(r"```\{solution-end\}[^\n]*\n\s*```[^\n]*(\n|$)")
+# a check that carries its expected value, in a cell a student sees
+_VISIBLE_KEY = re.compile(r"\bcheck\.(close|equal)\(")
 
 
 def strip_solutions(notebook: nbformat.NotebookNode) -> nbformat.NotebookNode:
@@ -96,6 +100,11 @@ def write_student_copies(labs_dir: str | Path, out_dir: str | Path) -> list[Path
             copy = strip_solutions(nbformat.read(lab, as_version=4))
         except ValueError as error:
             raise ValueError(f"{lab.name}: {error}") from None
+        for index, cell in enumerate(copy.cells):
+            if cell.cell_type == "code" and _VISIBLE_KEY.search(cell.source):
+                raise ValueError(f"{lab.name}: cell {index} of the student copy checks an "
+                                 "exercise with its expected value; record the answer with "
+                                 "check.answer(id, answer) and put the value in keys/.")
         target = out / lab.name
         nbformat.write(copy, target)
         written.append(target)
