@@ -132,6 +132,18 @@ def test_roofline_step_takes_the_slower_roof_and_splits_over_tp():
         serving.roofline_step(1.0, 1.0, gpu="Z100")
 
 
+def test_fp8_raises_the_compute_roof_only():
+    bf16 = serving.decode_step(M, 512, 0, gpu="H200", tp=8)
+    fp8 = serving.decode_step(M, 512, 0, gpu="H200", tp=8, precision="fp8", bytes_per_param=1)
+    assert fp8.compute_s == pytest.approx(bf16.flops / serving.hardware.gpu("H200").fp8_flops)
+    assert fp8.memory_s == pytest.approx(bf16.memory_s / 2)
+    fp8_b_star = serving.crossover_batch(M, 0, gpu="H200", precision="fp8", bytes_per_param=1)
+    ridge_fp8 = serving.hardware.ridge_point("H200", precision="fp8")
+    assert fp8_b_star == pytest.approx(ridge_fp8 / 2 * M.n_params / M.matmul_params)
+    with pytest.raises(ValueError, match="FP8"):
+        serving.prefill(M, 128, gpu="A100", tp=8, precision="fp8")
+
+
 def test_prefill_flops_is_the_sum_of_decode_flops_over_positions():
     tokens = 37
     summed = sum(serving.decode_flops_per_token(M.matmul_params, n_layers=M.n_layers, seq_len=i,

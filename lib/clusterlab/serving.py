@@ -280,9 +280,17 @@ def _fraction(name: str, value: float) -> float:
     return v
 
 
+def _roofs(spec: hardware.GPU, precision: str, flops_efficiency: float,
+           bandwidth_efficiency: float) -> tuple[float, float]:
+    # (derated peak FLOP/s, derated HBM bytes/s): the two roofs every step is held against
+    return (hardware.peak_flops(spec, precision=precision)
+            * _fraction("flops_efficiency", flops_efficiency),
+            spec.hbm_bytes_per_s * _fraction("bandwidth_efficiency", bandwidth_efficiency))
+
+
 def roofline_step(flops: float, hbm_bytes: float, *, gpu: hardware.GPU | str, tp: int = 1,
-                  communication_s: float = 0.0, flops_efficiency: float = 1.0,
-                  bandwidth_efficiency: float = 1.0) -> StepTime:
+                  communication_s: float = 0.0, precision: str = "bf16",
+                  flops_efficiency: float = 1.0, bandwidth_efficiency: float = 1.0) -> StepTime:
     """Time of a step that does ``flops`` and moves ``hbm_bytes``, split evenly over ``tp`` GPUs.
 
     Compute and memory traffic overlap, so the slower of the two sets the time (the roofline);
@@ -292,9 +300,11 @@ def roofline_step(flops: float, hbm_bytes: float, *, gpu: hardware.GPU | str, tp
         flops: FLOPs of the whole step (>= 0).
         hbm_bytes: bytes of the whole step (>= 0).
         gpu: a name in :data:`clusterlab.hardware.GPUS` or a :class:`~clusterlab.hardware.GPU`;
-            its dense BF16 peak and HBM bandwidth are the two roofs.
+            its dense peak and HBM bandwidth are the two roofs.
         tp: GPUs sharing the step (integer >= 1).
         communication_s: seconds of communication on the critical path (>= 0).
+        precision: the matmuls' precision, ``"bf16"`` or ``"fp8"``
+            (:func:`clusterlab.hardware.peak_flops`); it sets the compute roof only.
         flops_efficiency: fraction of the peak FLOP/s reached, in (0, 1]; 1 gives the bound.
         bandwidth_efficiency: fraction of the HBM bandwidth reached, in (0, 1].
 
@@ -313,8 +323,7 @@ def roofline_step(flops: float, hbm_bytes: float, *, gpu: hardware.GPU | str, tp
     hbm_bytes = _checks.positive("hbm_bytes", hbm_bytes, allow_zero=True)
     tp = _checks.count("tp", tp)
     communication_s = _checks.positive("communication_s", communication_s, allow_zero=True)
-    peak = spec.bf16_flops * _fraction("flops_efficiency", flops_efficiency)
-    bandwidth = spec.hbm_bytes_per_s * _fraction("bandwidth_efficiency", bandwidth_efficiency)
+    peak, bandwidth = _roofs(spec, precision, flops_efficiency, bandwidth_efficiency)
     return StepTime(flops / tp, hbm_bytes / tp, flops / tp / peak, hbm_bytes / tp / bandwidth,
                     communication_s)
 
@@ -375,6 +384,7 @@ def prefill_flops(model: Model, prompt_tokens: int, *, batch: int = 1) -> float:
 
 def prefill(model: Model, prompt_tokens: int, *, gpu: hardware.GPU | str, batch: int = 1,
             tp: int = 1, bytes_per_param: float = 2, bytes_per_value: float = 2,
+            precision: str = "bf16",
             flops_efficiency: float = 1.0, bandwidth_efficiency: float = 1.0) -> StepTime:
     """The prefill of ``batch`` prompts: usually compute-bound.
 
@@ -392,7 +402,7 @@ def prefill(model: Model, prompt_tokens: int, *, gpu: hardware.GPU | str, batch:
         tp: tensor-parallel GPUs inside one NVLink domain (integer >= 1).
         bytes_per_param: bytes per weight (2 for BF16).
         bytes_per_value: bytes per cached key/value and per all-reduced activation.
-        flops_efficiency, bandwidth_efficiency: as in :func:`roofline_step`.
+        precision, flops_efficiency, bandwidth_efficiency: as in :func:`roofline_step`.
 
     Returns:
         A :class:`StepTime` per GPU.
@@ -407,12 +417,13 @@ def prefill(model: Model, prompt_tokens: int, *, gpu: hardware.GPU | str, batch:
         prompt_tokens, batch, bytes_per_value)
     comm = _tp_all_reduces_s(model, prompt_tokens * batch, tp, spec, bytes_per_value)
     return roofline_step(flops, nbytes, gpu=spec, tp=tp, communication_s=comm,
-                         flops_efficiency=flops_efficiency,
+                         precision=precision, flops_efficiency=flops_efficiency,
                          bandwidth_efficiency=bandwidth_efficiency)
 
 
 def decode_step(model: Model, batch: int, seq_len: int, *, gpu: hardware.GPU | str,
                 tp: int = 1, bytes_per_param: float = 2, bytes_per_value: float = 2,
+                precision: str = "bf16",
                 flops_efficiency: float = 1.0, bandwidth_efficiency: float = 1.0) -> StepTime:
     """One decode step: one new token for each of ``batch`` sequences of ``seq_len`` tokens.
 
@@ -427,8 +438,8 @@ def decode_step(model: Model, batch: int, seq_len: int, *, gpu: hardware.GPU | s
         model: the model.
         batch: sequences decoded together (integer >= 1).
         seq_len: tokens already in each sequence's cache (integer >= 0).
-        gpu, tp, bytes_per_param, bytes_per_value, flops_efficiency, bandwidth_efficiency: as
-            in :func:`prefill`.
+        gpu, tp, bytes_per_param, bytes_per_value, precision, flops_efficiency,
+            bandwidth_efficiency: as in :func:`prefill`.
 
     Returns:
         A :class:`StepTime` per GPU.
@@ -445,7 +456,7 @@ def decode_step(model: Model, batch: int, seq_len: int, *, gpu: hardware.GPU | s
                                model.kv_cache_bytes(seq_len, batch, bytes_per_value))
     comm = _tp_all_reduces_s(model, batch, tp, spec, bytes_per_value)
     return roofline_step(flops, nbytes, gpu=spec, tp=tp, communication_s=comm,
-                         flops_efficiency=flops_efficiency,
+                         precision=precision, flops_efficiency=flops_efficiency,
                          bandwidth_efficiency=bandwidth_efficiency)
 
 
@@ -466,13 +477,15 @@ def decode_tokens_per_s(model: Model, batch: int, seq_len: int, *, gpu: hardware
 
 def crossover_batch(model: Model, seq_len: int, *, gpu: hardware.GPU | str,
                     bytes_per_param: float = 2, bytes_per_value: float = 2,
+                    precision: str = "bf16",
                     flops_efficiency: float = 1.0, bandwidth_efficiency: float = 1.0) -> float:
     """The batch at which a decode step turns from memory-bound to compute-bound.
 
     Per sequence a step adds ``F`` FLOPs and ``C`` cache bytes to the weights' ``W`` bytes;
     compute time ``b F / peak`` reaches memory time ``(W + b C) / bw`` at
-    ``b* = (W / bw) / (F / peak - C / bw)``. Without a cache that is the GPU's ridge point
-    (:func:`clusterlab.hardware.ridge_point`) times ``bytes_per_param / 2``; a long cache
+    ``b* = (W / bw) / (F / peak - C / bw)``. Without a cache that is about the GPU's ridge
+    point at that precision (:func:`clusterlab.hardware.ridge_point`) times
+    ``bytes_per_param / 2``; a long cache
     raises it, and when one sequence's cache takes longer to read than its FLOPs take to
     compute (``C / bw >= F / peak``) decode stays memory-bound at every batch (``inf``).
     Tensor parallelism divides both sides alike and leaves ``b*`` unchanged.
@@ -480,8 +493,8 @@ def crossover_batch(model: Model, seq_len: int, *, gpu: hardware.GPU | str,
     Args:
         model: the model.
         seq_len: tokens in each sequence's cache (integer >= 0).
-        gpu, bytes_per_param, bytes_per_value, flops_efficiency, bandwidth_efficiency: as in
-            :func:`decode_step`.
+        gpu, bytes_per_param, bytes_per_value, precision, flops_efficiency,
+            bandwidth_efficiency: as in :func:`decode_step`.
 
     Returns:
         ``b*`` as a real number (``math.inf`` when decode never becomes compute-bound); batches
@@ -491,8 +504,7 @@ def crossover_batch(model: Model, seq_len: int, *, gpu: hardware.GPU | str,
         Pope et al. 2023, Section 2 and Figure 1. https://arxiv.org/abs/2211.05102
     """
     spec = _gpu(gpu)
-    peak = spec.bf16_flops * _fraction("flops_efficiency", flops_efficiency)
-    bandwidth = spec.hbm_bytes_per_s * _fraction("bandwidth_efficiency", bandwidth_efficiency)
+    peak, bandwidth = _roofs(spec, precision, flops_efficiency, bandwidth_efficiency)
     flops = decode_flops_per_token(model.matmul_params, n_layers=model.n_layers,
                                    seq_len=seq_len, d_attn=model.d_attn)
     cache_s = model.kv_cache_bytes(seq_len, 1, bytes_per_value) / bandwidth
@@ -618,8 +630,8 @@ def serving_options(model: Model, *, target_tokens_per_s: float, max_tpot_s: flo
         gpu: the GPU.
         tp_options: tensor-parallel widths to try (inside one NVLink domain).
         usable_fraction: as in :func:`max_batch`.
-        **options: ``bytes_per_param``, ``bytes_per_value``, efficiencies of
-            :func:`decode_step`.
+        **options: ``bytes_per_param``, ``bytes_per_value``, ``precision`` and the
+            efficiencies of :func:`decode_step`.
 
     Returns:
         One :class:`ServingPlan` per feasible ``tp``, in the order of ``tp_options`` (empty when
