@@ -240,3 +240,16 @@ def test_fp8_ridge_point_is_twice_the_bf16_one():
         2 * hardware.ridge_point("H100"), rel=2e-3)
     with pytest.raises(ValueError, match="V100 has no FP8 tensor cores"):
         hardware.ridge_point("V100", precision="fp8")
+
+
+def test_storage_network_is_a_fraction_of_the_back_end():
+    # DGX H100: two storage/in-band cards counted at one 400 Gb/s port each, against 8 x 400 Gb/s.
+    assert hardware.storage_network_bytes_per_s("DGX H100") == 100e9
+    for spec in hardware.NODES.values():
+        hardware.link(spec.storage_nic)
+        back_end = hardware.scale_out_bytes_per_s(spec) * spec.gpus_per_node
+        assert hardware.storage_network_bytes_per_s(spec) == pytest.approx(back_end / 4)
+    with pytest.raises(ValueError, match="the catalog has no storage NICs for racks"):
+        hardware.storage_network_bytes_per_s(hardware.rack("GB200 NVL72"))
+    with pytest.raises(ValueError, match="Unknown node 'GB200 NVL72'"):
+        hardware.storage_network_bytes_per_s("GB200 NVL72")

@@ -154,6 +154,8 @@ class Node:
     pcie: str              # key in LINKS: host link of each GPU and NIC
     cpu_cores: int         # CPU cores in total (two sockets)
     max_power_w: float     # the whole server at full load, W (the datasheet's "system power")
+    storage_nics: int      # cards for storage and in-band management (the front-end side),
+    storage_nic: str       # key in LINKS: one port of each counted (see the source)
     source: str            # key in references.bib
 
 
@@ -161,20 +163,30 @@ NODES: dict[str, Node] = {
     node.name: node for node in (
         Node("DGX A100", gpu="A100", gpus_per_node=8, nvswitch_chips=6, nvlink="NVLink3",
              nics_per_node=8, nic="IB-HDR", pcie="PCIe4x16", cpu_cores=128, max_power_w=6.5e3,
+             storage_nics=2, storage_nic="Ethernet-200G",
              source="NVIDIA DGX A100 datasheet: 8x A100, 6 NVSwitches, 8x single-port ConnectX-6 "
-                    "200 Gb/s HDR, 2x AMD EPYC 7742, 6.5 kW max [nvidia_dgx_a100_datasheet]"),
+                    "200 Gb/s HDR, 2x dual-port ConnectX-6 up to 200 Gb/s for storage and "
+                    "in-band management, 2x AMD EPYC 7742, 6.5 kW max "
+                    "[nvidia_dgx_a100_datasheet]"),
         Node("DGX H100", gpu="H100", gpus_per_node=8, nvswitch_chips=4, nvlink="NVLink4",
              nics_per_node=8, nic="IB-NDR", pcie="PCIe5x16", cpu_cores=112, max_power_w=10.2e3,
+             storage_nics=2, storage_nic="Ethernet-400G",
              source="NVIDIA DGX H100 datasheet: 8x H100, 4 NVSwitches, 8x single-port ConnectX-7 "
-                    "400 Gb/s, 2x Xeon Platinum 8480C, ~10.2 kW max [nvidia_dgx_h100_datasheet]"),
+                    "400 Gb/s, 2x dual-port ConnectX-7 up to 400 Gb/s for storage and in-band "
+                    "management, 2x Xeon Platinum 8480C, ~10.2 kW max [nvidia_dgx_h100_datasheet]"),
         Node("DGX H200", gpu="H200", gpus_per_node=8, nvswitch_chips=4, nvlink="NVLink4",
              nics_per_node=8, nic="IB-NDR", pcie="PCIe5x16", cpu_cores=112, max_power_w=10.2e3,
+             storage_nics=2, storage_nic="Ethernet-400G",
              source="NVIDIA DGX H200 datasheet: 8x H200, 4 NVSwitches, 8x single-port ConnectX-7 "
-                    "400 Gb/s, 2x Xeon Platinum 8480C, ~10.2 kW max [nvidia_dgx_h200_datasheet]"),
+                    "400 Gb/s, 2x dual-port ConnectX-7 up to 400 Gb/s for storage and in-band "
+                    "management, 2x Xeon Platinum 8480C, ~10.2 kW max [nvidia_dgx_h200_datasheet]"),
         Node("DGX B200", gpu="B200", gpus_per_node=8, nvswitch_chips=2, nvlink="NVLink5",
              nics_per_node=8, nic="IB-NDR", pcie="PCIe5x16", cpu_cores=112, max_power_w=14.3e3,
+             storage_nics=2, storage_nic="Ethernet-400G",
              source="NVIDIA DGX B200 datasheet: 8x B200, 2 NVSwitches, 8x single-port ConnectX-7 "
-                    "400 Gb/s, 2x Xeon Platinum 8570, ~14.3 kW max [nvidia_dgx_b200_datasheet]"),
+                    "400 Gb/s, 2x Xeon Platinum 8570, ~14.3 kW max [nvidia_dgx_b200_datasheet]; "
+                    "2x dual-port BlueField-3 for storage and in-band management, 400 Gb/s "
+                    "[nvidia_dgx_b200_user_guide]"),
     )
 }
 
@@ -278,6 +290,25 @@ def scale_out_bytes_per_s(system: Node | Rack | str) -> float:
     else:
         nics, gpus = spec.nics_per_node, spec.gpus_per_node
     return link(spec.nic).bytes_per_s * nics / gpus
+
+
+def storage_network_bytes_per_s(server: Node | str) -> float:
+    """A server's storage and in-band (front-end) network bandwidth, per direction (bytes/s).
+
+    One port per card is counted: a dual-port card sits on one PCIe x16 slot, which cannot
+    carry two ports at line rate (two 400 Gb/s ports are 100 GB/s, PCIe 5.0 x16 is 63 GB/s).
+
+    Args:
+        server: a :class:`Node` or its name.
+
+    Returns:
+        ``storage_nics * storage_nic`` rate (100e9 for a DGX H100).
+    """
+    spec = node(server) if isinstance(server, str) else server
+    if not isinstance(spec, Node):
+        raise ValueError(f"storage_network_bytes_per_s needs a server (hardware.Node), got "
+                         f"{type(spec).__name__}; the catalog has no storage NICs for racks.")
+    return spec.storage_nics * link(spec.storage_nic).bytes_per_s
 
 
 def scale_up_over_scale_out(system: Node | Rack | str) -> float:
