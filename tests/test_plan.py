@@ -329,3 +329,29 @@ def test_gpus_within_power_is_the_inverse_in_whole_units():
 def test_power_errors_name_the_constraint(call, match):
     with pytest.raises(ValueError, match=match):
         call()
+
+
+def test_peak_flops_per_facility_watt():
+    dgx = hardware.node("DGX H100")
+    # 8 x dense FP8 peak over (10.2 kW x 1.1 other IT x PUE 1.2)
+    assert plan.peak_flops_per_facility_w("DGX H100", precision="fp8", pue=1.2,
+                                          other_it_fraction=0.1) == pytest.approx(
+        8 * hardware.gpu("H100").fp8_flops / (dgx.max_power_w * 1.1 * 1.2))
+    rack = hardware.rack("GB200 NVL72")
+    assert plan.peak_flops_per_facility_w(rack, pue=1.0) == pytest.approx(
+        72 * hardware.gpu("GB200").bf16_flops / rack.power_w)
+    # FP8 doubles it; a worse PUE lowers it in proportion
+    assert plan.peak_flops_per_facility_w("GB200 NVL72", precision="fp8", pue=1.1) == \
+        pytest.approx(2 * plan.peak_flops_per_facility_w("GB200 NVL72", pue=1.1))
+    assert plan.peak_flops_per_facility_w("DGX H100", pue=1.58) == pytest.approx(
+        plan.peak_flops_per_facility_w("DGX H100", pue=1.10) * 1.10 / 1.58)
+    with pytest.raises(ValueError, match="FP8"):
+        plan.peak_flops_per_facility_w("DGX A100", precision="fp8", pue=1.2)
+    with pytest.raises(ValueError, match="Unknown system"):
+        plan.peak_flops_per_facility_w("DGX Z900", pue=1.2)
+    with pytest.raises(ValueError, match="pue"):
+        plan.peak_flops_per_facility_w("DGX H100", pue=0.5)
+
+
+def test_pue_constants_are_ordered():
+    assert 1.0 < plan.PUE_HYPERSCALE < plan.PUE_INDUSTRY_AVERAGE

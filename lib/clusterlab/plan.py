@@ -884,6 +884,12 @@ FABRIC_CLUSTERS = {
 
 # --- Power ------------------------------------------------------------------------------------
 
+#: Industry-average power usage effectiveness, flat near this value since about 2020 (Uptime
+#: Institute, Global Data Center Survey 2023: 1.58) [uptime_pue2023].
+PUE_INDUSTRY_AVERAGE = 1.58
+#: A modern hyperscale fleet: Google's fleet-wide trailing twelve-month PUE, 1.10 [google_pue].
+PUE_HYPERSCALE = 1.10
+
 def facility_power_w(it_power_w: float, *, pue: float) -> float:
     """Power a data centre draws to run an IT load: ``it_power_w * pue``.
 
@@ -967,3 +973,39 @@ def gpus_within_power(system: hardware.Node | hardware.Rack | str, facility_budg
     unit_w = cluster_power_w(system, per_unit, pue=pue, other_it_fraction=other_it_fraction)
     # A tiny relative slack so that an exact fit is not rounded down by floating point.
     return int(math.floor(budget / unit_w * (1 + 1e-12))) * per_unit
+
+
+def peak_flops_per_facility_w(system: hardware.Node | hardware.Rack | str, *,
+                              precision: str = "bf16", pue: float,
+                              other_it_fraction: float = 0.0) -> float:
+    """Dense peak FLOP/s a server or rack design delivers per watt the facility draws.
+
+    One GPU's dense peak at ``precision`` over its share of the facility's power: the system's
+    power per GPU (:func:`clusterlab.hardware.power_per_gpu_w`), plus ``other_it_fraction`` for
+    IT outside it, times the PUE. Within a fixed power envelope this, not the GPU count, sets the
+    compute a site can hold.
+
+    Args:
+        system: a server or rack of :mod:`clusterlab.hardware` or its name.
+        precision: ``"bf16"`` or ``"fp8"`` (see :func:`clusterlab.hardware.peak_flops`).
+        pue: the facility's power usage effectiveness (>= 1).
+        other_it_fraction: IT power outside the servers or racks, as a fraction of theirs (>= 0).
+
+    Returns:
+        FLOP/s per facility watt (multiply by 1e6 / 1e15 for PFLOP/s per MW).
+
+    Raises:
+        ValueError: as :func:`cluster_power_w`, or for a precision the GPU lacks.
+    """
+    per_unit = hardware.nvlink_domain_gpus(system)        # also rejects unknown systems
+    unit_w = cluster_power_w(system, per_unit, pue=pue, other_it_fraction=other_it_fraction)
+    return per_unit * hardware.peak_flops(_system_gpu(system), precision=precision) / unit_w
+
+
+def _system_gpu(system: hardware.Node | hardware.Rack | str) -> str:
+    """The GPU name of a server or rack given as a spec or a (known) name."""
+    if isinstance(system, (hardware.Node, hardware.Rack)):
+        return system.gpu
+    racks = {name.lower(): spec for name, spec in hardware.RACKS.items()}
+    spec = racks.get(str(system).lower()) or hardware.node(system)
+    return spec.gpu
