@@ -16,6 +16,8 @@ configured afterwards):
 * :mod:`clusterlab.data`, :mod:`clusterlab.checkpoint` - on-disk shards and a prefetching loader;
   checkpoints that survive a kill (:mod:`clusterlab.train_demo` is the job that is killed).
 * :mod:`clusterlab.distributed`, :mod:`clusterlab.launch` - several JAX processes, one job.
+* :mod:`clusterlab.serving` - serving: prefill and decode on the roofline, the KV cache,
+  batching, tensor parallelism for latency, disaggregation, sizing a serving cluster.
 * :mod:`clusterlab.plan` - the planner; :mod:`clusterlab.student` - student copies of the labs.
 * :mod:`clusterlab.check`, :mod:`clusterlab.plotting` - exercises and figures.
 """
