@@ -253,3 +253,7 @@ def test_serving_options_and_size_serving():
         serving.size_serving(M, **{**kwargs, "max_tpot_s": 1e-3})
     with pytest.raises(ValueError, match="target_tokens_per_s"):
         serving.serving_options(M, **{**kwargs, "target_tokens_per_s": 0})
+    with pytest.raises(ValueError, match="tp"):
+        serving.serving_options(M, **kwargs, tp_options=(0, 8))
+    # FP8 weights fit one H200, so tp = 1 becomes an option.
+    assert serving.serving_options(M, **kwargs, bytes_per_param=1)[0].tp == 1

@@ -514,6 +514,11 @@ def crossover_batch(model: Model, seq_len: int, *, gpu: hardware.GPU | str,
     return model.param_bytes(bytes_per_param) / bandwidth / margin_s
 
 
+def _usable_bytes(spec: hardware.GPU, tp: int, usable_fraction: float) -> float:
+    return _fraction("usable_fraction", usable_fraction) * _checks.count("tp", tp) \
+        * spec.memory_bytes
+
+
 def max_batch(model: Model, seq_len: int, *, gpu: hardware.GPU | str, tp: int = 1,
               bytes_per_param: float = 2, bytes_per_value: float = 2,
               usable_fraction: float = 0.9) -> int:
@@ -544,9 +549,8 @@ def max_batch(model: Model, seq_len: int, *, gpu: hardware.GPU | str, tp: int = 
         vLLM engine arguments (``--gpu-memory-utilization``, default 0.9).
     """
     spec = _gpu(gpu)
-    tp = _checks.count("tp", tp)
     _checks.count("seq_len", seq_len)
-    usable = _fraction("usable_fraction", usable_fraction) * tp * spec.memory_bytes
+    usable = _usable_bytes(spec, tp, usable_fraction)
     weights = model.param_bytes(bytes_per_param)
     if weights > usable:
         raise ValueError(
@@ -642,17 +646,16 @@ def serving_options(model: Model, *, target_tokens_per_s: float, max_tpot_s: flo
     memory_options = {k: v for k, v in options.items()
                       if k in ("bytes_per_param", "bytes_per_value")}
     plans = []
+    spec = _gpu(gpu)
     for tp in tp_options:
-        try:
-            fits = max_batch(model, seq_len, gpu=gpu, tp=tp, usable_fraction=usable_fraction,
-                             **memory_options)
-        except ValueError as error:
-            if "do not fit" not in str(error):
-                raise
-            continue
+        if model.param_bytes(options.get("bytes_per_param", 2)) > _usable_bytes(
+                spec, tp, usable_fraction):
+            continue  # the weights alone do not fit this many GPUs
+        fits = max_batch(model, seq_len, gpu=spec, tp=tp, usable_fraction=usable_fraction,
+                         **memory_options)
 
         def step(b: int, tp: int = tp) -> StepTime:
-            return decode_step(model, b, seq_len, gpu=gpu, tp=tp, **options)
+            return decode_step(model, b, seq_len, gpu=spec, tp=tp, **options)
 
         if fits < 1 or step(1).time_s > max_tpot:
             continue
