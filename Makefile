@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 READY := $(VENV)/.installed
 
-.PHONY: book serve lab test student clean
+.PHONY: book serve lab test student clean pdf
 
 $(READY): requirements.txt pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -16,6 +16,14 @@ $(READY): requirements.txt pyproject.toml
 book: $(READY)
 	$(BIN)/jupyter-book build . -W -n --keep-going
 	@echo "The book is at $(CURDIR)/_build/html/index.html (make serve to view it)"
+
+## pdf: the whole book as one A4 PDF, _build/latex/gpu-clusters-hands-on.pdf (XeLaTeX; the TeX set
+## comes from tests/system_deps.sh), then the HTML book, whose landing page links a copy of it
+pdf: $(READY)
+	tests/system_deps.sh
+	$(BIN)/jupyter-book build . --builder pdflatex -W -n --keep-going
+	$(BIN)/jupyter-book build . -W -n --keep-going
+	@echo "The PDF is at $(CURDIR)/_build/latex/gpu-clusters-hands-on.pdf (and linked from the book)"
 
 ## serve: serve the built book on http://127.0.0.1:8000
 serve: book

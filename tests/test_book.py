@@ -5,6 +5,7 @@ test, so the book is built once per test run.
 """
 
 import re
+import sys
 from pathlib import Path
 
 import yaml
@@ -29,3 +30,56 @@ def test_book_builds_without_warnings(book):
     # Labs are rendered from their stored outputs: an exercise check's verdict is in the page.
     lab = (book.html / "labs" / "01-measuring-collectives.html").read_text()
     assert "✓" in lab
+
+
+# The book's own Sphinx extensions (_ext/), unit-tested without a build.
+sys.path.insert(0, str(ROOT / "_ext"))
+import bib_labels  # noqa: E402
+import exercise_numbers  # noqa: E402
+import pdf_edition  # noqa: E402
+
+
+def test_exercises_are_renumbered_from_one_on_each_page():
+    numbers = {
+        "labs/01": {"exercise": {"ex-b": (40,), "ex-a": (39,)}, "figure": {"fig": (7,)}},
+        "labs/02": {"exercise": {"ex-c": (41,)}},
+        "intro": {"figure": {"fig": (1,)}},
+    }
+    assert exercise_numbers.renumber_per_page(numbers) == ["labs/01", "labs/02"]
+    assert numbers["labs/01"]["exercise"] == {"ex-a": (1,), "ex-b": (2,)}  # Sphinx's order kept
+    assert numbers["labs/02"]["exercise"] == {"ex-c": (1,)}
+    assert numbers["labs/01"]["figure"] == {"fig": (7,)}  # other figure types untouched
+    assert exercise_numbers.renumber_per_page(numbers) == []  # already from one: no rewrite
+
+
+def test_bibliography_labels_read_like_author_year_citations():
+    from pybtex.database import parse_string
+
+    bib = parse_string("""
+        @misc{one, author={Shoeybi, M. and Patwary, M. and Puri, R.}, title={M}, year={2019}}
+        @misc{two, author={{NVIDIA}}, title={A}, year={2024}}
+        @misc{three, author={{NVIDIA}}, title={B}, year={2024}}
+        @misc{four, author={Dean, J. and Barroso, L.}, title={T}, year={2013}}
+    """, "bibtex")
+    bib_labels.setup(app=None)  # registers the pybtex plugins, as Sphinx does at start-up
+    style = bib_labels.AuthorYearStyle()
+    labels = {entry.key: entry.label for entry in style.format_entries(bib.entries.values())}
+    assert labels == {"one": "Shoeybi et al., 2019", "four": "Dean and Barroso, 2013",
+                      "two": "NVIDIA, 2024a", "three": "NVIDIA, 2024b"}
+
+
+def test_pdf_link_only_when_the_pdf_was_built(tmp_path):
+    html, latex = tmp_path / "_build" / "html", tmp_path / "_build" / "latex"
+    html.mkdir(parents=True)
+    latex.mkdir()
+    assert pdf_edition.built_pdf(html) is None
+    (latex / "figure.pdf").write_bytes(b"%PDF-")  # a figure, not the book: no .tex beside it
+    assert pdf_edition.built_pdf(html) is None
+    (latex / "book.tex").write_text("")
+    (latex / "book.pdf").write_bytes(b"%PDF-")
+    assert pdf_edition.built_pdf(html) == latex / "book.pdf"
+    # intro.md links the name that _config.yml gives the PDF.
+    target = yaml.safe_load((ROOT / "_config.yml").read_text())["latex"]["latex_documents"]
+    pdf_name = Path(target["targetname"]).with_suffix(".pdf").name
+    intro = (ROOT / "intro.md").read_text()
+    assert f"{{only}} html and {pdf_edition.TAG}" in intro and f'href="{pdf_name}"' in intro
