@@ -37,6 +37,10 @@ _ALL_REDUCES = {
 _COUNTED_OPS = ("all-reduce", "reduce-scatter", "all-gather", "collective-permute")
 _LABELS = {"intra": "within a process (devices)", "inter": "across processes (hosts)",
            "flat": "whole mesh (flat)", "hierarchical": "whole mesh (hierarchical)"}
+# The largest difference from one device (parameters; gradients relative to the largest one)
+# that the data-parallel check accepts: float32 rounding of sums taken in another order, far
+# below the factor hosts x devices that a sum-for-mean bug leaves in the gradients.
+TRAIN_TOLERANCE = 1e-5
 
 
 def _global(mesh, local_block: np.ndarray, spec=P(BOTH)) -> jax.Array:
@@ -234,9 +238,13 @@ def fail(*, mode: str = "raise", process: int = 1, at_step: int = 3, steps: int 
             stays, its sockets stay open, it just stops, as a hung node does; only JAX's
             heartbeat timeout notices).
         process: which process fails.
-        at_step: the step at which it fails.
+        at_step: the step at which it fails; ``at_step >= steps`` fails nowhere and leaves a
+            plain all-reduce loop (a running job for the tests to cancel).
         steps: loop length; the others never reach it, they stop on the error.
         step_s: pause between steps, seconds.
+
+    Every process prints one line when its first all-reduce is done, so that whoever waits for
+    the job knows the loop is running.
     """
     if mode not in ("raise", "kill", "hang"):
         raise ValueError(f"mode must be 'raise', 'kill' or 'hang', got {mode!r}.")
@@ -251,23 +259,45 @@ def fail(*, mode: str = "raise", process: int = 1, at_step: int = 3, steps: int 
                 os.kill(os.getpid(), signal.SIGKILL if mode == "kill" else signal.SIGSTOP)
             raise RuntimeError(f"a failure on purpose at step {step}")
         jax.block_until_ready(total(x))
+        if step == 0:
+            print(f"process {jax.process_index()}: all-reduce loop running", flush=True)
         time.sleep(step_s)
     return {"steps": steps}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Join the job, describe it, check the collectives, and print the result."""
+    """Join the job, check the collectives and a data-parallel step, print one line for each.
+
+    Every process checks its all-reduces (:func:`collectives_check`); process 0 also checks
+    :func:`train_check`'s gradients and parameters against one device's, within
+    :data:`TRAIN_TOLERANCE`, and that the summed gradients of its negative control fall outside
+    it (with more than one device). The exit code is 1 when any of this fails in this process,
+    so ``srun`` and ``clusterlab.launch`` fail the job.
+    """
     env = distributed.init()
     from clusterlab import devices
 
     if env.process_id == 0:
         devices.describe()
+    who = f"process {env.process_id} of {env.num_processes} ({env.source})"
     result = collectives_check()
     verdict = "equal numpy's" if result["ok"] else "DIFFER from numpy's"
-    print(f"process {env.process_id} of {env.num_processes} ({env.source}): mesh "
-          f"{tuple(result['mesh_shape'])} (hosts, devices), {len(jax.local_devices())} local "
-          f"device(s), all-reduces {verdict}")
-    return 0 if result["ok"] else 1
+    print(f"{who}: mesh {tuple(result['mesh_shape'])} (hosts, devices), "
+          f"{len(jax.local_devices())} local device(s), all-reduces {verdict}", flush=True)
+    trained = train_check()
+    ok = result["ok"]
+    if env.process_id == 0:
+        n_devices = int(np.prod(trained["mesh_shape"]))
+        same = max(trained["max_abs_diff"], trained["grad_rel_diff"]) < TRAIN_TOLERANCE
+        caught = n_devices == 1 or trained["grad_rel_diff_summed"] > TRAIN_TOLERANCE
+        verdict = "equals" if same else "DIFFERS from"
+        print(f"{who}: data-parallel step over {n_devices} device(s) {verdict} one device's "
+              f"(parameters within {trained['max_abs_diff']:.1e}, gradients within "
+              f"{trained['grad_rel_diff']:.1e} of the largest; summed instead of averaged: "
+              f"{trained['grad_rel_diff_summed']:.2f}"
+              f"{'' if caught else ', NOT caught by the check'})", flush=True)
+        ok = ok and same and caught
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":
