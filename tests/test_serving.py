@@ -103,6 +103,7 @@ def test_llama_3_70b_shape_and_parameter_count():
     assert 70e9 < M.n_params < 71e9
     assert M.matmul_params == M.n_params - 128256 * 8192
     assert M.param_bytes() == 2 * M.n_params and M.param_bytes(1) == M.n_params
+    assert M.streamed_param_bytes() == 2 * M.matmul_params
     assert M.kv_cache_bytes(4096, 2) == memory.kv_cache_bytes(80, 8, 128, 4096, 2)
 
 
@@ -139,7 +140,7 @@ def test_fp8_raises_the_compute_roof_only():
     assert fp8.memory_s == pytest.approx(bf16.memory_s / 2)
     fp8_b_star = serving.crossover_batch(M, 0, gpu="H200", precision="fp8", bytes_per_param=1)
     ridge_fp8 = serving.hardware.ridge_point("H200", precision="fp8")
-    assert fp8_b_star == pytest.approx(ridge_fp8 / 2 * M.n_params / M.matmul_params)
+    assert fp8_b_star == pytest.approx(ridge_fp8 / 2)
     with pytest.raises(ValueError, match="FP8"):
         serving.prefill(M, 128, gpu="A100", tp=8, precision="fp8")
 
@@ -161,7 +162,7 @@ def test_prefill_is_compute_bound_and_decode_memory_bound():
     one = serving.decode_step(M, 1, 2048, gpu="H200", tp=2)
     assert one.bound == "memory"
     assert one.memory_s == pytest.approx(
-        (M.param_bytes() + M.kv_cache_bytes(2048)) / 2 / 4.8e12)
+        (M.streamed_param_bytes() + M.kv_cache_bytes(2048)) / 2 / 4.8e12)
     alone = serving.decode_step(M, 1, 2048, gpu="H200")
     assert alone.communication_s == 0 and one.communication_s > 0
 
@@ -193,9 +194,8 @@ def test_crossover_batch_separates_memory_and_compute_bound(seq_len):
     below = serving.decode_step(M, math.floor(b_star), seq_len, gpu="H200")
     above = serving.decode_step(M, math.ceil(b_star), seq_len, gpu="H200")
     assert below.bound == "memory" and above.bound == "compute"
-    if seq_len == 0:  # weights only: the ridge point, corrected for the matmul parameters
-        ridge = serving.hardware.ridge_point("H200")
-        assert b_star == pytest.approx(ridge * M.n_params / M.matmul_params)
+    if seq_len == 0:  # weights only: exactly the ridge point
+        assert b_star == pytest.approx(serving.hardware.ridge_point("H200"))
 
 
 def test_crossover_batch_is_infinite_when_the_cache_dominates():

@@ -225,6 +225,11 @@ class Model:
         """Bytes of the weights at ``bytes_per_param`` (2 for BF16, 1 for FP8)."""
         return self.n_params * _checks.positive("bytes_per_param", bytes_per_param)
 
+    def streamed_param_bytes(self, bytes_per_param: float = 2) -> float:
+        """Bytes of weights a forward pass reads: the matmul parameters' (a lookup in the input
+        embedding reads only its tokens' rows)."""
+        return self.matmul_params * _checks.positive("bytes_per_param", bytes_per_param)
+
     def kv_cache_bytes(self, seq_len: int, batch: int = 1, bytes_per_value: float = 2) -> int:
         """:func:`clusterlab.memory.kv_cache_bytes` for this model's layers and heads."""
         return memory.kv_cache_bytes(self.n_layers, self.n_kv_heads, self.head_dim, seq_len,
@@ -388,8 +393,8 @@ def prefill(model: Model, prompt_tokens: int, *, gpu: hardware.GPU | str, batch:
             flops_efficiency: float = 1.0, bandwidth_efficiency: float = 1.0) -> StepTime:
     """The prefill of ``batch`` prompts: usually compute-bound.
 
-    FLOPs from :func:`prefill_flops`; HBM traffic is the weights read once plus the KV cache
-    written once; with ``tp > 1`` each of the ``2 L`` all-reduces carries the whole prompt's
+    FLOPs from :func:`prefill_flops`; HBM traffic is the weights read once
+    (:meth:`Model.streamed_param_bytes`) plus the KV cache written once; with ``tp > 1`` each of the ``2 L`` all-reduces carries the whole prompt's
     activations (``batch * prompt_tokens * d_model`` values), priced by
     :func:`clusterlab.costmodel.all_reduce_time` on one node. ``time_s`` is the time to first
     token (TTFT) when the request does not wait in a queue.
@@ -413,7 +418,7 @@ def prefill(model: Model, prompt_tokens: int, *, gpu: hardware.GPU | str, batch:
     spec = _gpu(gpu)
     tp = _checks.count("tp", tp)
     flops = prefill_flops(model, prompt_tokens, batch=batch)
-    nbytes = model.param_bytes(bytes_per_param) + model.kv_cache_bytes(
+    nbytes = model.streamed_param_bytes(bytes_per_param) + model.kv_cache_bytes(
         prompt_tokens, batch, bytes_per_value)
     comm = _tp_all_reduces_s(model, prompt_tokens * batch, tp, spec, bytes_per_value)
     return roofline_step(flops, nbytes, gpu=spec, tp=tp, communication_s=comm,
@@ -428,8 +433,8 @@ def decode_step(model: Model, batch: int, seq_len: int, *, gpu: hardware.GPU | s
     """One decode step: one new token for each of ``batch`` sequences of ``seq_len`` tokens.
 
     FLOPs: ``batch`` times :func:`decode_flops_per_token` (matmul parameters, attention over
-    ``seq_len`` cached tokens); bytes: :func:`decode_step_bytes` (weights once, the whole
-    batch's cache); with ``tp > 1``, :func:`tensor_parallel_all_reduces_per_token` all-reduces
+    ``seq_len`` cached tokens); bytes: :func:`decode_step_bytes` (the weights once,
+    :meth:`Model.streamed_param_bytes`, and the whole batch's cache); with ``tp > 1``, :func:`tensor_parallel_all_reduces_per_token` all-reduces
     of ``batch * d_model`` activations each, priced by
     :func:`clusterlab.costmodel.all_reduce_time`. ``time_s`` is the time per output token
     (TPOT) every sequence of the batch sees.
@@ -452,7 +457,7 @@ def decode_step(model: Model, batch: int, seq_len: int, *, gpu: hardware.GPU | s
     tp = _checks.count("tp", tp)
     flops = batch * decode_flops_per_token(model.matmul_params, n_layers=model.n_layers,
                                            seq_len=seq_len, d_attn=model.d_attn)
-    nbytes = decode_step_bytes(model.param_bytes(bytes_per_param),
+    nbytes = decode_step_bytes(model.streamed_param_bytes(bytes_per_param),
                                model.kv_cache_bytes(seq_len, batch, bytes_per_value))
     comm = _tp_all_reduces_s(model, batch, tp, spec, bytes_per_value)
     return roofline_step(flops, nbytes, gpu=spec, tp=tp, communication_s=comm,
@@ -483,9 +488,9 @@ def crossover_batch(model: Model, seq_len: int, *, gpu: hardware.GPU | str,
 
     Per sequence a step adds ``F`` FLOPs and ``C`` cache bytes to the weights' ``W`` bytes;
     compute time ``b F / peak`` reaches memory time ``(W + b C) / bw`` at
-    ``b* = (W / bw) / (F / peak - C / bw)``. Without a cache that is about the GPU's ridge
-    point at that precision (:func:`clusterlab.hardware.ridge_point`) times
-    ``bytes_per_param / 2``; a long cache
+    ``b* = (W / bw) / (F / peak - C / bw)``. Without a cache that is the GPU's ridge point at
+    that precision (:func:`clusterlab.hardware.ridge_point`) times ``bytes_per_param / 2``;
+    a long cache
     raises it, and when one sequence's cache takes longer to read than its FLOPs take to
     compute (``C / bw >= F / peak``) decode stays memory-bound at every batch (``inf``).
     Tensor parallelism divides both sides alike and leaves ``b*`` unchanged.
@@ -511,7 +516,7 @@ def crossover_batch(model: Model, seq_len: int, *, gpu: hardware.GPU | str,
     margin_s = flops / peak - cache_s
     if margin_s <= 0:
         return math.inf
-    return model.param_bytes(bytes_per_param) / bandwidth / margin_s
+    return model.streamed_param_bytes(bytes_per_param) / bandwidth / margin_s
 
 
 def _usable_bytes(spec: hardware.GPU, tp: int, usable_fraction: float) -> float:
