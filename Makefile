@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 READY := $(VENV)/.installed
 
-.PHONY: book serve lab test student clean pdf
+.PHONY: book serve lab test system-deps student clean pdf
 
 $(READY): requirements.txt pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -38,10 +38,14 @@ student: $(READY)
 	$(BIN)/python -m clusterlab.student --labs labs --out student
 
 ## test: the whole suite: library unit tests, the labs against their stored outputs, the book
-test: $(READY)
-	tests/system_deps.sh
+test: system-deps $(READY)
 	$(BIN)/python -m pytest tests labs --nbval --nbval-current-env \
 		--nbval-sanitize-with tests/nbval_sanitize.cfg --nbval-cell-timeout=600
+
+## system-deps: what the tests need from the system (tests/system_deps.sh): installed with apt-get
+## as root, else one line names the command; it runs before .venv is created, so it stops at once
+system-deps:
+	tests/system_deps.sh
 
 clean:
 	rm -rf _build .pytest_cache
