@@ -45,7 +45,7 @@ test: system-deps $(READY)
 ## system-deps: what the tests need from the system (tests/system_deps.sh): installed with apt-get
 ## as root, else one line names the command; it runs before .venv is created, so it stops at once
 system-deps:
-	tests/system_deps.sh
+	@tests/system_deps.sh
 
 clean:
 	rm -rf _build .pytest_cache
