@@ -185,6 +185,10 @@ def test_batching_raises_throughput_and_latency():
     assert steps == sorted(steps) and rates == sorted(rates)
     assert rates[-1] / rates[0] > 50  # weights are read once for the whole batch
     assert rates[2] == pytest.approx(16 / steps[2])
+    with pytest.raises(ValueError, match="batch"):
+        serving.decode_tokens_per_s(M, 0, 1024, gpu="H200", tp=4)
+    with pytest.raises(ValueError, match="batch"):
+        serving.prefill(M, 1024, gpu="H200", tp=4, batch=0)
 
 
 @pytest.mark.parametrize("seq_len", [0, 512])
