@@ -922,8 +922,9 @@ def cluster_power_w(system: hardware.Node | hardware.Rack | str, n_gpus: int, *,
     """Facility power of a cluster of ``n_gpus`` GPUs built from whole servers or racks.
 
     ``ceil(n_gpus / g)`` units of ``g`` GPUs (8 per DGX server, 72 per NVL72 rack), each at its
-    catalogued full-load power (:func:`clusterlab.hardware.power_per_gpu_w` per GPU), plus ``other_it_fraction`` of that for the IT the catalogue's
-    figure leaves out (switches, storage, management), times the PUE.
+    catalogued full-load power (:func:`clusterlab.hardware.power_per_gpu_w` per GPU), plus
+    ``other_it_fraction`` of that for the IT the catalogue's figure leaves out (switches,
+    storage, management), times the PUE.
 
     Args:
         system: a server or rack of :mod:`clusterlab.hardware` or its name ("DGX H100",
