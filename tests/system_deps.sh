@@ -5,6 +5,10 @@
 # multi-host example under a real SLURM (tests/test_slurm.py starts the daemons itself).
 # Installed here when this user may (root with apt-get); otherwise one line names the command,
 # before any test runs. One line per package: "[ test ] || missing+=(package)".
+# Chromium comes from Debian, not from `playwright install`: Playwright's browser is a download
+# from its own CDN (not a package registry; CI here reaches only those), and it still needs the
+# system libraries that only root installs (`playwright install-deps` is apt-get too), so it
+# would spare no one the root step; one browser also keeps one tested configuration.
 set -euo pipefail
 missing=()
 [ -x /usr/bin/chromium ] || missing+=(chromium)
