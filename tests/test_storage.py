@@ -86,3 +86,36 @@ def test_host_memory_traffic_with_and_without_gpudirect_storage():
         storage.host_memory_bytes_per_s(-1.0, gpudirect_storage=False)
     with pytest.raises(ValueError, match="io_bytes_per_s"):
         storage.host_memory_bytes_per_s(float("inf"), gpudirect_storage=True)
+
+
+def test_sharded_checkpoint_write_is_limited_by_ports_then_by_storage():
+    ckpt = 1e12
+    # 10 nodes at 10 GB/s each: 10 s through the ports; the storage at 1 TB/s needs 1 s
+    assert storage.sharded_checkpoint_write_s(ckpt, 10, node_write_bytes_per_s=10e9,
+                                              storage_write_bytes_per_s=1e12) == 10.0
+    # 1000 nodes: 0.1 s through the ports, the storage's 1 s dominates
+    assert storage.sharded_checkpoint_write_s(ckpt, 1000, node_write_bytes_per_s=10e9,
+                                              storage_write_bytes_per_s=1e12) == 1.0
+    # the crossover at storage rate / node rate = 100 nodes
+    assert storage.sharded_checkpoint_write_s(ckpt, 100, node_write_bytes_per_s=10e9,
+                                              storage_write_bytes_per_s=1e12) == 1.0
+    # one node and an unlimited-looking storage reduce to checkpoint_write_s
+    assert storage.sharded_checkpoint_write_s(ckpt, 1, node_write_bytes_per_s=10e9,
+                                              storage_write_bytes_per_s=1e15) == \
+        storage.checkpoint_write_s(ckpt, 10e9)
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(checkpoint_bytes=0.0), "checkpoint_bytes"),
+    (dict(n_nodes=0), "n_nodes"),
+    (dict(n_nodes=2.5), "n_nodes"),
+    (dict(node_write_bytes_per_s=0.0), "node_write_bytes_per_s"),
+    (dict(storage_write_bytes_per_s=-1.0), "storage_write_bytes_per_s"),
+])
+def test_sharded_checkpoint_write_errors(kwargs, match):
+    args = dict(checkpoint_bytes=1e12, n_nodes=8, node_write_bytes_per_s=1e9,
+                storage_write_bytes_per_s=1e11)
+    args.update(kwargs)
+    ckpt, nodes = args.pop("checkpoint_bytes"), args.pop("n_nodes")
+    with pytest.raises(ValueError, match=match):
+        storage.sharded_checkpoint_write_s(ckpt, nodes, **args)
