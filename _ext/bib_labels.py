@@ -6,8 +6,12 @@ in a chapter looks for it under a label that says something else, in the HTML an
 This registers a pybtex label style, ``author_year``, that renders each label with
 sphinxcontrib-bibtex's own author-year template (the same person style, "et al." rule and
 separator as the parenthetical citation), and a formatting style, ``author_year``, which is
-pybtex's ``plain`` (sorted by author, year, title) with these labels. Two entries with the same
-author and year get "a", "b" after the year, as alpha labels do.
+pybtex's ``plain`` (sorted by author, year, title) with these labels.
+
+Two entries with the same author and year ("NVIDIA, 2024") become "2024a", "2024b", as in APA
+style: the suffix is written into the entry's year, so the citation in the text, the label and
+the year in the reference all read "NVIDIA, 2024a" (sphinxcontrib-bibtex formats the labels
+before any citation, and both read the same entries).
 """
 
 from __future__ import annotations
@@ -37,17 +41,21 @@ def author_year_label(entry: Any) -> str:
 
 
 class AuthorYearLabelStyle(BaseLabelStyle):
-    """Labels "Author et al., YEAR"; equal labels get a, b, ... appended."""
+    """Labels "Author et al., YEAR"; equal ones get a, b, ... after the year, in the year too."""
 
     def format_labels(self, sorted_entries: Iterable[Any]) -> Iterator[str]:
+        sorted_entries = list(sorted_entries)
         labels = [author_year_label(entry) for entry in sorted_entries]
         total, seen = Counter(labels), Counter()
-        for label in labels:
+        for entry, label in zip(sorted_entries, labels):
             if total[label] == 1:
                 yield label
-            else:
-                yield label + chr(ord("a") + seen[label])
-                seen[label] += 1
+                continue
+            suffix = chr(ord("a") + seen[label])
+            seen[label] += 1
+            if "year" in entry.fields:
+                entry.fields["year"] += suffix
+            yield label + suffix
 
 
 class AuthorYearStyle(PlainStyle):

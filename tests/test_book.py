@@ -32,6 +32,22 @@ def test_book_builds_without_warnings(book):
     assert "✓" in lab
 
 
+def test_lab_pages_number_exercises_per_page_and_show_no_stray_booleans(book):
+    labs = sorted((book.html / "labs").glob("*.html"))
+    assert labs
+    numbered = 0
+    for page in labs:
+        html = page.read_text()
+        numbers = [int(n) for n in re.findall(r'caption-number">Exercise (\d+)', html)]
+        # Each lab's exercises read 1, 2, 3, ..., not a count across the book (_ext).
+        assert numbers == list(range(1, len(numbers) + 1)), (page.name, numbers)
+        numbered += bool(numbers)
+        # A check cell shows its verdict line only: no output that is just True or False.
+        stray = re.findall(r"<pre><span></span>(True|False)\s*</pre>", html)
+        assert not stray, (page.name, stray)
+    assert numbered >= 5
+
+
 # The book's own Sphinx extensions (_ext/), unit-tested without a build.
 sys.path.insert(0, str(ROOT / "_ext"))
 import bib_labels  # noqa: E402
@@ -66,6 +82,11 @@ def test_bibliography_labels_read_like_author_year_citations():
     labels = {entry.key: entry.label for entry in style.format_entries(bib.entries.values())}
     assert labels == {"one": "Shoeybi et al., 2019", "four": "Dean and Barroso, 2013",
                       "two": "NVIDIA, 2024a", "three": "NVIDIA, 2024b"}
+    # The suffix is in the year, so an author-year citation of "three" reads "NVIDIA, 2024b"
+    # too, and formatting again (an incremental build) gives the same labels.
+    assert bib.entries["three"].fields["year"] == "2024b"
+    again = {entry.key: entry.label for entry in style.format_entries(bib.entries.values())}
+    assert again == labels
 
 
 def test_pdf_link_only_when_the_pdf_was_built(tmp_path):
