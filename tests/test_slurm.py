@@ -15,6 +15,7 @@ from __future__ import annotations
 import getpass
 import json
 import os
+import random
 import re
 import shutil
 import signal
@@ -105,13 +106,17 @@ class SlurmCluster:
                               timeout=timeout_s)
 
     def srun(self, name: str, tasks: int, command: list[str], *,
-             devices_per_process: int = 1) -> Job:
-        """Start ``srun -n tasks python COMMAND`` (the test's own Python) in the background."""
+             devices_per_process: int = 1, free_port: bool = True) -> Job:
+        """Start ``srun -n tasks python COMMAND`` (the test's own Python) in the background.
+
+        ``free_port=False`` leaves the coordinator on the port JAX derives from the job id
+        (:func:`clusterlab.distributed.slurm_port`), as on a cluster.
+        """
         env = {**self.env, "JAX_PLATFORMS": "cpu", "PYTHONUNBUFFERED": "1",
                distributed.ENV_DEVICES_PER_PROCESS: str(devices_per_process),
-               # A free port, not the one JAX derives from the job id, which may be taken here.
-               distributed.ENV_PORT: str(distributed.free_port()),
                distributed.ENV_HEARTBEAT_TIMEOUT_S: "10", distributed.ENV_INIT_TIMEOUT_S: "120"}
+        if free_port:
+            env[distributed.ENV_PORT] = str(distributed.free_port())
         proc = subprocess.Popen(
             ["srun", f"--ntasks={tasks}", f"--job-name={name}", sys.executable, *command],
             cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -227,7 +232,10 @@ def slurm() -> SlurmCluster:
     conf.write_text(template.substitute(
         node=node, user=getpass.getuser(), slurmctld_port=distributed.free_port(),
         slurmd_port=distributed.free_port(), munge_socket=munge_socket, state_dir=directory,
-        cpus=NODE_CPUS))
+        cpus=NODE_CPUS,
+        # Job ids, and so the coordinator ports JAX derives from them, differ from those of
+        # another test cluster that may run on this machine at the same time.
+        first_job_id=random.randrange(1000, 1_000_000)))
     env = {**os.environ, "SLURM_CONF": str(conf)}
     for name in ("SLURM_JOB_ID", "SLURM_PROCID", "SLURM_NTASKS", distributed.ENV_COORDINATOR):
         env.pop(name, None)  # a job's or the launcher's settings would win over srun's
@@ -273,7 +281,10 @@ def slurm() -> SlurmCluster:
 def test_srun_runs_the_multihost_example(slurm, tasks, devices_per_process):
     name = f"multihost-{tasks}x{devices_per_process}"
     start = time.monotonic()
-    job = slurm.srun(name, tasks, ["-m", MULTIHOST], devices_per_process=devices_per_process)
+    # One run finds its coordinator as on a cluster, on the port derived from the job id (above
+    # the kernel's ephemeral ports, so free here); the others on a port known to be free.
+    job = slurm.srun(name, tasks, ["-m", MULTIHOST], devices_per_process=devices_per_process,
+                     free_port=(tasks, devices_per_process) != (2, 1))
     returncode = job.wait(timeout_s=300)
     elapsed_s = time.monotonic() - start
     assert returncode == 0, job.output
@@ -340,13 +351,8 @@ def test_scancel_ends_a_running_job_with_no_strays(slurm):
           f"left {ended_s:.1f} s after scancel")
 
 
-def test_a_task_killed_mid_run_ends_the_job_with_no_strays(slurm):
-    name = "kill-a-task"
-    # Task 1 sends itself SIGKILL at step 3 of the all-reduce loop (as the OOM killer would).
-    job = slurm.srun(name, 2, _loop_args(mode="kill", process=1, at_step=3),
-                     devices_per_process=2)
-    killed_at = job.wait_for_lines(r"process 1: failing on purpose at step 3 \(kill\)", 1,
-                                   timeout_s=180)
+def _assert_the_job_ends(slurm, job: Job, killed_at: float, how: str) -> None:
+    """Task 1 was SIGKILLed at ``killed_at``: the job fails in bounded time, nothing left."""
     returncode = job.wait(timeout_s=END_WITHIN_S + 60)
     srun_s = time.monotonic() - killed_at
     assert returncode != 0, job.output
@@ -355,11 +361,35 @@ def test_a_task_killed_mid_run_ends_the_job_with_no_strays(slurm):
     # clusterlab.distributed's fail-fast hook exited, before SLURM had to stop it.
     assert "Gloo all-reduce failed" in job.output, job.output
     assert re.search(r"task 0: Exited with exit code 1", job.output), job.output
-    job_id, state = slurm.wait_job_ended(name)
+    job_id, state = slurm.wait_job_ended(job.name)
     assert state == "FAILED"
-    strays_s = wait_no_strays(name, job_id)
+    strays_s = wait_no_strays(job.name, job_id)
     ended_s = time.monotonic() - killed_at
     assert ended_s < END_WITHIN_S
-    print(f"\nSIGKILL of task 1: srun returned {returncode} after {srun_s:.1f} s, job {job_id} "
-          f"{state}, no process left {ended_s:.1f} s after the kill ({strays_s:.1f} s after "
-          "srun)")
+    print(f"\nSIGKILL of task 1 ({how}): srun returned {returncode} after {srun_s:.1f} s, job "
+          f"{job_id} {state}, no process left {ended_s:.1f} s after the kill ({strays_s:.1f} s "
+          "after srun)")
+
+
+def test_a_task_that_kills_itself_mid_run_ends_the_job_with_no_strays(slurm):
+    # Task 1 sends itself SIGKILL at step 3 of the all-reduce loop (as the OOM killer would).
+    job = slurm.srun("kill-itself", 2, _loop_args(mode="kill", process=1, at_step=3),
+                     devices_per_process=2)
+    killed_at = job.wait_for_lines(r"process 1: failing on purpose at step 3 \(kill\)", 1,
+                                   timeout_s=180)
+    _assert_the_job_ends(slurm, job, killed_at, "by itself at step 3")
+
+
+def test_a_task_killed_from_outside_ends_the_job_with_no_strays(slurm):
+    name = "kill-from-outside"
+    job = slurm.srun(name, 2, _loop_args(at_step=10**6, steps=10**6), devices_per_process=2)
+    job.wait_for_lines(r"^process \d: all-reduce loop running", 2, timeout_s=180)
+    job_id, _ = slurm.job_state(name)
+    # scontrol listpids: PID JOBID STEPID LOCALID GLOBALID, one row per process of the job.
+    done = slurm.run(["scontrol", "listpids", job_id])
+    rows = [line.split() for line in done.stdout.splitlines()[1:]]
+    task_1 = [int(row[0]) for row in rows if len(row) == 5 and row[4] == "1"]
+    assert done.returncode == 0 and len(task_1) == 1, done.stdout + done.stderr
+    killed_at = time.monotonic()
+    os.kill(task_1[0], signal.SIGKILL)
+    _assert_the_job_ends(slurm, job, killed_at, "from outside, in the loop")
