@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 READY := $(VENV)/.installed
 
-.PHONY: book serve lab test system-deps student clean pdf
+.PHONY: book serve lab test system-deps student grade clean pdf
 
 $(READY): requirements.txt pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -33,9 +33,15 @@ serve: book
 lab: $(READY)
 	$(BIN)/jupyter lab labs
 
-## student: student copies of the labs (solutions removed, outputs cleared) in student/
+## student: student copies of the labs in student/ (solutions and outputs removed; the keys in
+## keys/ are not copied, and no check in a copy carries its expected value)
 student: $(READY)
 	$(BIN)/python -m clusterlab.student --labs labs --out student
+
+## grade: run submitted notebooks and grade every exercise from keys/ (make grade SUBMISSIONS="a.ipynb b.ipynb")
+grade: $(READY)
+	@test -n "$(SUBMISSIONS)" || { echo 'usage: make grade SUBMISSIONS="submitted/*.ipynb"'; exit 2; }
+	$(BIN)/python -m clusterlab grade $(SUBMISSIONS) --key keys
 
 ## test: the whole suite: library unit tests, the labs against their stored outputs, the book
 test: system-deps $(READY)
