@@ -38,7 +38,7 @@ SLURM_DIR = Path(__file__).with_name("slurm")
 MULTIHOST = "clusterlab.examples.multihost"
 DAEMONS = {"munged": "/usr/sbin/munged", "slurmctld": "/usr/sbin/slurmctld",
            "slurmd": "/usr/sbin/slurmd"}
-CLIENTS = ("srun", "sinfo", "squeue", "scancel")
+CLIENTS = ("srun", "sinfo", "squeue", "scancel", "scontrol")
 # The node offers this many CPUs (SlurmdParameters=config_overrides), whatever the machine has.
 NODE_CPUS = 8
 # How long a cancelled or broken job may take to end: KillWait (5 s) between SIGTERM and
@@ -325,6 +325,14 @@ def test_a_step_that_differs_fails_the_job(slurm):
 # --- ending jobs -----------------------------------------------------------------------------
 
 
+def _assert_strays_are_seen(name: str, job_id: str) -> None:
+    # The positive control of the stray check: while the job runs, it sees both tasks and the
+    # step's slurmstepd.
+    running = job_processes(name, job_id)
+    assert sum("slurmstepd" in line for line in running) >= 1, running
+    assert sum("clusterlab.distributed" in line for line in running) >= 2, running
+
+
 def _loop_args(**options) -> list[str]:
     return ["-m", "clusterlab.distributed", f"{MULTIHOST}:fail", json.dumps(options)]
 
@@ -336,6 +344,7 @@ def test_scancel_ends_a_running_job_with_no_strays(slurm):
     job.wait_for_lines(r"^process \d: all-reduce loop running", 2, timeout_s=180)
     job_id, state = slurm.job_state(name)
     assert state == "RUNNING"
+    _assert_strays_are_seen(name, job_id)
     start = time.monotonic()
     done = slurm.run(["scancel", job_id])
     assert done.returncode == 0, done.stderr
@@ -385,6 +394,7 @@ def test_a_task_killed_from_outside_ends_the_job_with_no_strays(slurm):
     job = slurm.srun(name, 2, _loop_args(at_step=10**6, steps=10**6), devices_per_process=2)
     job.wait_for_lines(r"^process \d: all-reduce loop running", 2, timeout_s=180)
     job_id, _ = slurm.job_state(name)
+    _assert_strays_are_seen(name, job_id)
     # scontrol listpids: PID JOBID STEPID LOCALID GLOBALID, one row per process of the job.
     done = slurm.run(["scontrol", "listpids", job_id])
     rows = [line.split() for line in done.stdout.splitlines()[1:]]
