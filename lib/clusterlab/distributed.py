@@ -20,6 +20,12 @@ fails at once when its peer's socket closes; :func:`init` makes an uncaught exce
 process at once (instead of waiting in JAX's shutdown barrier); and the launcher stops the rest
 ``grace_s`` seconds after the first process fails.
 
+Under SLURM (``srun``; ``tests/test_slurm.py`` runs it under a real one) a killed task ends the
+job the same way, at once. ``scancel`` and a job's time limit send SIGTERM first, and JAX's
+distributed runtime catches it as a preemption notice (a training loop can answer with a
+checkpoint, :func:`jax.experimental.multihost_utils.reached_preemption_sync_point`): the
+processes keep running until SLURM's SIGKILL, ``KillWait`` seconds later (30 by default).
+
 References:
     JAX, "Multi-host and multi-process environments",
     https://docs.jax.dev/en/latest/multi_process.html
