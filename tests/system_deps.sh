@@ -32,6 +32,6 @@ if [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null; then
   [ ${#others[@]} -eq 0 ] || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq -o DPkg::Lock::Timeout=600 "${others[@]}" >/dev/null
   [ -z "${tex_missing:-}" ] || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends -o DPkg::Lock::Timeout=600 "${tex[@]}" >/dev/null
 else
-  echo "make test needs ${missing[*]}: run 'sudo apt-get install -y ${missing[*]}' (Debian/Ubuntu), then make test again." >&2
+  echo "make test needs ${missing[*]}: run 'sudo apt-get install -y ${tex_missing:+--no-install-recommends }${missing[*]}' (Debian/Ubuntu), then make test again." >&2
   exit 1
 fi

@@ -32,17 +32,26 @@ GLUE_PAGES = ("chapters/notation-and-units", "chapters/04-collective-communicati
 
 
 class _Page(HTMLParser):
-    """The figures (``<img>`` outside ``_static/``) and glued texts of a rendered HTML page."""
+    """The figures (``<img>`` outside ``_static/``) and glued texts of a rendered HTML page.
+
+    Images in cells tagged hide-output or hide-cell are left out: the HTML folds them away and
+    Jupyter Book's LaTeX leaves them out of the PDF on purpose (sphinx-jupyterbook-latex).
+    """
+
+    HIDDEN = {"tag_hide-output", "tag_hide-cell"}
 
     def __init__(self):
         super().__init__()
         self.images: list[str] = []
         self.glued: list[str] = []
         self._in_glue = 0
+        self._divs: list[bool] = []  # per open <div>: does it start a hidden cell?
 
     def handle_starttag(self, tag, attrs):
         attrs = dict(attrs)
-        if tag == "img" and "_static/" not in (attrs.get("src") or ""):
+        if tag == "div":
+            self._divs.append(bool(self.HIDDEN & set((attrs.get("class") or "").split())))
+        if tag == "img" and "_static/" not in (attrs.get("src") or "") and not any(self._divs):
             self.images.append(Path(attrs["src"]).name)
         if tag == "span" and "pasted-text" in (attrs.get("class") or "").split():
             self._in_glue += 1
@@ -51,6 +60,8 @@ class _Page(HTMLParser):
             self._in_glue += 1
 
     def handle_endtag(self, tag):
+        if tag == "div" and self._divs:
+            self._divs.pop()
         if tag == "span" and self._in_glue:
             self._in_glue -= 1
 
