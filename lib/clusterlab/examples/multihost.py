@@ -2,9 +2,10 @@
 
 Each function runs inside a process already joined by :func:`clusterlab.distributed.init` (the
 launcher's ``run`` calls it first) and returns JSON-serialisable results. As a script,
-``python -m clusterlab.examples.multihost`` joins the job itself and prints a collectives check:
-the same command runs under ``python -m clusterlab.launch`` on one machine and under ``srun`` on a
-cluster.
+``python -m clusterlab.examples.multihost`` joins the job itself, checks the collectives and a
+data-parallel step against one device, prints the verdicts and exits non-zero when one fails
+(:func:`main`): the same command runs under ``python -m clusterlab.launch`` on one machine and
+under ``srun`` on a cluster (``tests/test_slurm.py`` runs it under a real SLURM).
 """
 
 from __future__ import annotations
