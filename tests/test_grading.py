@@ -38,7 +38,8 @@ def test_answer_without_a_key_records_and_says_how_it_is_graded(monkeypatch, tmp
                                        "with the course's key (python -m clusterlab grade).\n")
     assert check.recorded_answers()["lab98.1"] == 2.5
     check.answer("lab98.1", ...)
-    assert capsys.readouterr().out == "✗ lab98.1: no answer yet; replace the ... with your value.\n"
+    assert capsys.readouterr().out == ("✗ lab98.1: no answer yet; replace the ... with your "
+                                       "value.\n")
 
 
 def test_answer_with_the_key_prints_its_verdict_and_hint(fixture_keys, capsys):

@@ -89,12 +89,12 @@ def equal_verdict(answer, expected, *, hint: str = "", name: str = "answer") -> 
 
 def close(answer, expected, *, rtol: float = 1e-3, atol: float = 0.0, hint: str = "",
           name: str = "answer") -> None:
-    """Print :func:`close_verdict`'s line: ``✓ <name> is correct.`` or one ✗ line with the hint."""
+    """Print :func:`close_verdict`'s line: ``✓ <name> is correct.`` or ✗ with the hint."""
     print(close_verdict(answer, expected, rtol=rtol, atol=atol, hint=hint, name=name)[1])
 
 
 def equal(answer, expected, *, hint: str = "", name: str = "answer") -> None:
-    """Print :func:`equal_verdict`'s line: ``✓ <name> is correct.`` or one ✗ line with the hint."""
+    """Print :func:`equal_verdict`'s line: ``✓ <name> is correct.`` or ✗ with the hint."""
     print(equal_verdict(answer, expected, hint=hint, name=name)[1])
 
 

@@ -1,11 +1,12 @@
 """Student copies of the labs: solutions removed, outputs cleared, no answer key.
 
-``python -m clusterlab.student --out student/`` (``make student``) writes one notebook per lab in
-``labs/``. A solution is every cell from the markdown cell that opens it (a ```` ```{solution-start}
-```` directive, QuantEcon's gated format) to the markdown cell that closes it (```` ```{solution-end}
-````), both included; text that shares a cell with those directives, before the opening or after
-the closing one, stays. Exercises and the cells where students write their answers stay. Code
-cells lose their outputs and execution counts, so the copy shows nothing a student has not run.
+``python -m clusterlab.student --out student/`` (``make student``) writes one notebook per lab
+in ``labs/``. A solution is every cell from the markdown cell that opens it (a
+```` ```{solution-start} ```` directive, QuantEcon's gated format) to the markdown cell that
+closes it (```` ```{solution-end} ````), both included; text that shares a cell with those
+directives, before the opening or after the closing one, stays. Exercises and the cells where
+students write their answers stay. Code cells lose their outputs and execution counts, so the
+copy shows nothing a student has not run.
 
 The answer key stays out: the copies are notebooks only (the keys live in ``keys/labNN.py``, see
 :mod:`clusterlab.grading`), and a copy is refused when a cell left in it checks an exercise with
