@@ -6,8 +6,10 @@ what the browser saw; the tests below judge that record:
 
 - every page loads with no console error, no uncaught exception and no failed local request;
 - every internal link resolves, ``#anchors`` included, and every image decodes;
-- math is typeset by the book's own MathJax, and no request leaves the machine (requests to any
-  other host are blocked by Playwright routing and recorded);
+- math is typeset by the book's own MathJax (from the sphinx-mathjax-offline package), and no
+  request leaves the machine (requests to any other host are blocked by Playwright routing and
+  recorded);
+- long code lines wrap: no code block scrolls sideways;
 - no serious or critical accessibility violation (axe-core, injected from the
   axe-playwright-python package, so it runs offline);
 - the search page finds a term, an exercise solution opens on click, every lab page offers its
@@ -119,6 +121,10 @@ _INSPECT_JS = r"""async () => {
     mathErrors: mathErrors,
     mathjaxScripts: Array.from(document.scripts, s => s.src)
       .filter(src => /mathjax/i.test(src)),
+    // Code blocks wider than their box (they should wrap: _assets/book.css).
+    scrollingCode: Array.from(document.querySelectorAll('div.highlight pre'))
+      .filter(pre => pre.scrollWidth > pre.clientWidth + 1)
+      .map(pre => pre.textContent.split('\n').reduce((a, b) => a.length >= b.length ? a : b)),
   };
 }"""
 
@@ -266,6 +272,12 @@ def test_math_renders_from_the_book_itself(site, crawl):
         assert info["mathjaxScripts"][0].startswith(site["base"] + "_static/mathjax/")
     assert not site["external"], "requests that would have left the machine:\n" + "\n".join(
         f"{page}: {url}" for page, url in site["external"])
+
+
+def test_long_code_lines_wrap_instead_of_scrolling(crawl):
+    scrolling = {name: info["scrollingCode"] for name, info in crawl["pages"].items()
+                 if info["scrollingCode"]}
+    assert not scrolling, json.dumps(scrolling, indent=1)
 
 
 def test_no_serious_accessibility_violations(crawl):
