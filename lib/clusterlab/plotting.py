@@ -62,14 +62,15 @@ def _colour(index: int) -> tuple:
 
 
 IDLE_COLOUR = "0.92"
+MAX_LABELLED_VIRTUAL_STAGES = 2
 
 
 def pipeline_timeline(schedule: pipeline.Schedule, ax: Axes | None = None) -> Axes:
     """A pipeline schedule as a coloured timeline: one row per stage, one box per piece of work.
 
     Forward passes are solid, backward passes lighter and hatched, in the micro-batch's colour
-    and labelled with its number (``3.1``: micro-batch 3, model chunk 1, when interleaved); idle
-    slots are grey. Time runs in passes of one micro-batch through a whole stage, so an
+    and labelled with its number (``3.1``: micro-batch 3, model chunk 1, when interleaved with
+    v = 2; narrower boxes are left unlabelled); idle slots are grey. Time runs in passes of one micro-batch through a whole stage, so an
     interleaved slot is ``1/v`` wide and schedules compare on one axis. Each box's ``gid`` is
     ``"forward"``, ``"backward"`` or ``"idle"``.
 
@@ -95,9 +96,10 @@ def pipeline_timeline(schedule: pipeline.Schedule, ax: Axes | None = None) -> Ax
                                alpha=1.0 if forward else 0.45, hatch=None if forward else "///",
                                edgecolor="white", linewidth=0.5,
                                gid="forward" if forward else "backward"))
-        label = f"{i}.{int(schedule.chunk[t, s])}" if v > 1 else f"{i}"
-        ax.text((t + 0.5) * width, s, label, ha="center", va="center",
-                fontsize=7 if v == 1 else 5, clip_on=True)
+        if v <= MAX_LABELLED_VIRTUAL_STAGES:  # narrower boxes have no room for a label
+            label = f"{i}.{int(schedule.chunk[t, s])}" if v > 1 else f"{i}"
+            ax.text((t + 0.5) * width, s, label, ha="center", va="center",
+                    fontsize=7 if v == 1 else 5, clip_on=True)
     ax.set_xlim(0, schedule.slots * width)
     ax.set_ylim(schedule.stages - 0.5, -0.5)  # stage 0 on top
     ax.set_yticks(range(schedule.stages), [f"stage {s}" for s in range(schedule.stages)])
