@@ -17,7 +17,10 @@ from typing import Any
 FIGTYPE = "exercise"
 
 
-def renumber_per_page(toc_fignumbers: dict[str, dict[str, dict[str, tuple[int, ...]]]]) -> list[str]:
+FigNumbers = dict[str, dict[str, dict[str, tuple[int, ...]]]]
+
+
+def renumber_per_page(toc_fignumbers: FigNumbers) -> list[str]:
     """Renumber every page's exercises from 1, in place; return the pages that changed.
 
     Args:
