@@ -148,6 +148,13 @@ def test_mesh_that_does_not_divide_heads(params):
         decode.check_mesh(params, sub_mesh(2, "data"), AXIS)
 
 
+def test_tensor_parallel_generate_checks_the_room_in_the_cache(params, prompt):
+    mesh = sub_mesh(2, AXIS)
+    generate = decode.make_tp_generate(params, mesh, AXIS, n_new=S)
+    with pytest.raises(ValueError, match="cache positions"):
+        generate(decode.shard_params(params, mesh, AXIS), prompt)
+
+
 def test_input_errors(params, prompt):
     with pytest.raises(ValueError, match="n_new"):
         decode.generate(params, prompt, 0)

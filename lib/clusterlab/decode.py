@@ -79,10 +79,10 @@ def init_params(key: jax.Array, *, vocab_size: int, d_model: int, n_heads: int, 
         "unembed": f32[D, V]}``.
     """
     vocab_size = _checks.count("vocab_size", vocab_size)
+    d_model = _checks.count("d_model", d_model)
     n_layers = _checks.count("n_layers", n_layers)
     max_len = _checks.count("max_len", max_len)
     k_embed, k_pos, k_out, *k_layers = jax.random.split(key, 3 + n_layers)
-    d_model = _checks.count("d_model", d_model)
     return {
         # Unit-size embeddings, so that attention's output (also of unit size) can change the
         # next token: the cache is then visible in what the model generates.
@@ -198,8 +198,8 @@ def empty_cache(params: Params, batch: int, cache_len: int | None = None) -> KVC
     """
     batch = _checks.count("batch", batch)
     length = _cache_len(params, cache_len)
-    shape = lambda block: (batch, block["wk"].shape[1], length, block["wk"].shape[2])
-    zeros = tuple(jnp.zeros(shape(block), jnp.float32) for block in params["layers"])
+    zeros = tuple(jnp.zeros((batch, block["wk"].shape[1], length, block["wk"].shape[2]),
+                            jnp.float32) for block in params["layers"])  # wk: f32[D, NH, Dh]
     return KVCache(zeros, zeros)
 
 
@@ -215,7 +215,8 @@ def _cache_len(params: Params, cache_len: int | None) -> int:
 
 
 def _prefill(params, tokens, cache_len=None, axis_name=None, ops=tensor.MEGATRON):
-    cache = empty_cache(params, tokens.shape[0], cache_len)
+    # Checked while tracing (shapes are static), so the tensor-parallel programs check too.
+    cache = empty_cache(params, tokens.shape[0], _check_tokens(tokens, params, cache_len))
     return _run(params, cache, tokens, 0, axis_name, ops)
 
 
@@ -241,6 +242,8 @@ def _decode_loop(params, cache, token, position, n_steps: int, axis_name=None,
 
 def _generate(params, prompt, n_new: int, cache_len=None, axis_name=None,
               ops=tensor.MEGATRON):
+    length = _check_tokens(prompt, params, cache_len)  # before reading prompt.shape[1]
+    n_new = _check_room(prompt.shape[1], n_new, length)
     logits, cache = _prefill(params, prompt, cache_len, axis_name, ops)
     first = jnp.argmax(logits[:, -1], axis=-1).astype(jnp.int32)  # i32[B], from the prompt
     if n_new == 1:
@@ -249,15 +252,15 @@ def _generate(params, prompt, n_new: int, cache_len=None, axis_name=None,
     return jnp.concatenate([first[:, None], rest], axis=1)
 
 
-def _check_tokens(tokens, params: Params, what: str, cache_len: int | None = None) -> int:
+def _check_tokens(tokens, params: Params, cache_len: int | None = None) -> int:
     """Check a prompt's shape and dtype and that it fits the cache; return the cache length."""
     length = _cache_len(params, cache_len)
     if jnp.ndim(tokens) != 2 or not jnp.issubdtype(jnp.result_type(tokens), jnp.integer):
-        raise ValueError(f"{what} must be an integer array of shape [batch, length], got "
+        raise ValueError(f"The tokens must be an integer array of shape [batch, length], got "
                          f"shape {jnp.shape(tokens)} and dtype {jnp.result_type(tokens)}.")
     if tokens.shape[1] > length:
-        raise ValueError(f"{what} has {tokens.shape[1]} tokens, more than the cache holds "
-                         f"({length}); use a shorter one or a longer cache_len/max_len.")
+        raise ValueError(f"{tokens.shape[1]} tokens are more than the cache holds ({length}); "
+                         "use a shorter prompt or a longer cache_len/max_len.")
     return length
 
 
@@ -290,7 +293,6 @@ def prefill(params: Params, tokens: jax.Array, *,
         ``(logits, cache)``: f32[B, T, V] (equal to :func:`forward`'s), and a :class:`KVCache`
         whose positions 0..T-1 hold the prompt's keys and values (the rest zeros).
     """
-    cache_len = _check_tokens(tokens, params, "tokens", cache_len)
     return _jit_prefill(params, tokens, cache_len=cache_len)
 
 
@@ -353,13 +355,13 @@ def generate(params: Params, prompt: jax.Array, n_new: int, *,
     Returns:
         i32[B, n_new], each the argmax of the logits after the tokens before it.
     """
-    cache_len = _check_tokens(prompt, params, "prompt", cache_len)
-    n_new = _check_room(prompt.shape[1], n_new, cache_len)
     return _jit_generate(params, prompt, n_new=n_new, cache_len=cache_len)
 
 
 @functools.partial(jax.jit, static_argnames="n_new")
 def _generate_without_cache(params, prompt, n_new):
+    positions = _check_tokens(prompt, params)  # before reading prompt.shape[1]
+    n_new = _check_room(prompt.shape[1], n_new, positions)
     length = prompt.shape[1]
     buffer = jnp.zeros((prompt.shape[0], length + n_new), jnp.int32).at[:, :length].set(prompt)
 
@@ -384,7 +386,6 @@ def generate_without_cache(params: Params, prompt: jax.Array, n_new: int) -> jax
     Returns:
         i32[B, n_new], what :func:`generate` must return.
     """
-    n_new = _check_room(prompt.shape[1], n_new, _check_tokens(prompt, params, "prompt"))
     return _generate_without_cache(params, prompt, n_new=n_new)
 
 
