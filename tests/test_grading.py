@@ -251,6 +251,20 @@ def test_grade_cli_errors_exit_2(args, message):
     assert result.returncode == 2 and result.stderr.startswith(message), result.stderr
 
 
+def test_a_cell_past_the_timeout_is_interrupted_and_grading_goes_on(tmp_path):
+    cells = [*FIXTURE_CELLS[:2], "import time\ntime.sleep(60)", *FIXTURE_CELLS[3:]]
+    verdicts = grading.grade_notebook(_fixture(tmp_path, cells), key_dir=FIXTURE_KEYS,
+                                      timeout_s=3)
+    assert [v.passed for v in verdicts] == [True, True, True]
+
+
+def test_the_lab_comes_from_the_file_name_or_the_exercise_labels():
+    labelled = nbformat.v4.new_notebook()
+    labelled.cells = [nbformat.v4.new_markdown_cell("```{exercise-start}\n:label: lab07-knee\n```")]
+    assert grading.lab_of("submitted/bob/07-data-path.ipynb", labelled) == "lab07"
+    assert grading.lab_of("homework.ipynb", labelled) == "lab07"
+
+
 def test_grade_refuses_a_notebook_of_an_unknown_lab(tmp_path):
     notebook = nbformat.v4.new_notebook()
     path = tmp_path / "homework.ipynb"
