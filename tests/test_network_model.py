@@ -145,6 +145,9 @@ def test_nvls_only_where_nccl_picks_it():
     assert costmodel.cluster_collective("all_reduce", 2**30, gpu="H200",
                                         gpus_per_node=4).algorithm == "ring"
     assert costmodel.cluster_collective("all_gather", 2**30, gpu="H100").algorithm == "ring"
+    # an NVL72 rack is one NVLink domain behind NVLink Switches: NVLS, as on an HGX B200
+    assert costmodel.cluster_collective("all_reduce", 2**30, gpu="GB200",
+                                        gpus_per_node=72).algorithm == "nvls"
     with pytest.raises(ValueError, match="cannot run all_reduce with algorithm 'nvls'"):
         costmodel.cluster_collective("all_reduce", 2**30, gpu="A100", algorithm="nvls")
 
