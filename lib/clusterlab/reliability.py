@@ -250,12 +250,8 @@ def expected_lost_fraction(interval_s, checkpoint_write_s: float, mtbf_s: float,
     References:
         Young 1974, https://doi.org/10.1145/361147.361115.
     """
-    tau = np.asarray(interval_s, dtype=float)
-    if tau.size == 0 or not np.all(np.isfinite(tau)) or np.any(tau <= 0):
-        raise ValueError(f"interval_s must be positive and finite, got {interval_s!r}.")
-    delta = _positive("checkpoint_write_s", checkpoint_write_s, allow_zero=True)
-    mtbf = _positive("mtbf_s", mtbf_s)
-    restart = _positive("restart_s", restart_s, allow_zero=True)
+    tau, delta, mtbf, restart = _checkpoint_times(interval_s, checkpoint_write_s, mtbf_s,
+                                                  restart_s)
     lost = delta / tau + (tau / 2.0 + restart) / mtbf
     return float(lost) if lost.ndim == 0 else lost
 
@@ -334,12 +330,8 @@ def goodput_fraction(interval_s, checkpoint_write_s: float, mtbf_s: float,
         https://doi.org/10.1016/j.future.2004.11.016; Kokolis et al. 2025 (the same ratio as the
         effective training time ratio, ETTR), https://arxiv.org/abs/2410.21680.
     """
-    tau = np.asarray(interval_s, dtype=float)
-    if tau.size == 0 or not np.all(np.isfinite(tau)) or np.any(tau <= 0):
-        raise ValueError(f"interval_s must be positive and finite, got {interval_s!r}.")
-    delta = _positive("checkpoint_write_s", checkpoint_write_s, allow_zero=True)
-    mtbf = _positive("mtbf_s", mtbf_s)
-    restart = _positive("restart_s", restart_s, allow_zero=True)
+    tau, delta, mtbf, restart = _checkpoint_times(interval_s, checkpoint_write_s, mtbf_s,
+                                                  restart_s)
     # expm1 keeps the no-failure limit exact when (tau + delta) / M is tiny.
     wall_s = mtbf * math.exp(restart / mtbf) * np.expm1((tau + delta) / mtbf)
     good = tau / wall_s
@@ -412,3 +404,12 @@ def spare_nodes_needed(n_nodes: int, node_mtbf_s: float, repair_s: float, *,
     from scipy.stats import poisson  # imported here: scipy is only needed for this quantile
 
     return int(poisson.ppf(confidence, mean))
+
+
+def _checkpoint_times(interval_s, checkpoint_write_s, mtbf_s, restart_s):
+    """Validated (interval array, write, MTBF, restart) of the checkpoint-interval models."""
+    tau = np.asarray(interval_s, dtype=float)
+    if tau.size == 0 or not np.all(np.isfinite(tau)) or np.any(tau <= 0):
+        raise ValueError(f"interval_s must be positive and finite, got {interval_s!r}.")
+    return (tau, _positive("checkpoint_write_s", checkpoint_write_s, allow_zero=True),
+            _positive("mtbf_s", mtbf_s), _positive("restart_s", restart_s, allow_zero=True))
