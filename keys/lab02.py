@@ -3,8 +3,7 @@
 import jax
 import numpy as np
 
-from clusterlab import costmodel, grading, hardware
-from clusterlab import collectives
+from clusterlab import collectives, costmodel, grading, hardware
 
 _NVLINK_BYTES_PER_S = hardware.link("NVLink4").bytes_per_s
 
