@@ -99,3 +99,29 @@ def test_time_to_train_rejects_mfu_outside_unit_interval(bad_mfu):
 def test_time_to_train_rejects_bad_device_count():
     with pytest.raises(ValueError, match="n_devices"):
         flops.time_to_train_s(1e20, 0, 1e15, 0.4)
+
+
+def test_causal_flops_per_token_hand_computed():
+    # forward: 2*100 + 2*2*4*(8+1) = 200 + 144; training triples it
+    assert flops.causal_flops_per_token(100, 2, 8, 4, backward=False) == pytest.approx(344.0)
+    assert flops.causal_flops_per_token(100, 2, 8, 4) == pytest.approx(3 * 344.0)
+
+
+def test_causal_count_is_the_sum_over_positions():
+    # token i attends over i tokens: 4*i*d per layer forward; the mean over T positions
+    n, layers, seq, width = 1e6, 3, 16, 8
+    summed = sum(2 * n + 4 * layers * i * width for i in range(1, seq + 1)) / seq
+    assert flops.causal_flops_per_token(n, layers, seq, width, backward=False) == pytest.approx(
+        summed)
+
+
+def test_mfu_convention_over_causal_short_and_long_context():
+    # PaLM 540B at 2048 tokens: the conventions agree to about half a percent
+    short = flops.mfu_convention_over_causal(540.35e9, 118, 2048, 48 * 256)
+    assert 1.0 < short < 1.01
+    # a 405B model (126 layers, width 16384) at 131,072 tokens: about 1.4 (review M7.1)
+    long = flops.mfu_convention_over_causal(405e9, 126, 131072, 16384)
+    assert long == pytest.approx(1.40, abs=0.01)
+    # 12 L s d of the convention is 3.25 TFLOP per token there, against 6N = 2.43 TFLOP
+    attention = flops.transformer_flops_per_token(405e9, 126, 131072, 16384) - 6 * 405e9
+    assert attention == pytest.approx(3.25e12, rel=2e-3)

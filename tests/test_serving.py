@@ -261,3 +261,23 @@ def test_serving_options_and_size_serving():
         serving.serving_options(M, **kwargs, tp_options=(0, 8))
     # FP8 weights fit one H200, so tp = 1 becomes an option.
     assert serving.serving_options(M, **kwargs, bytes_per_param=1)[0].tp == 1
+
+
+def test_prefill_flops_is_the_causal_forward_count_of_flops():
+    from clusterlab import flops
+    tokens = 512
+    expected = tokens * flops.causal_flops_per_token(M.matmul_params, M.n_layers, tokens,
+                                                     M.d_attn, backward=False)
+    assert serving.prefill_flops(M, tokens) == pytest.approx(expected)
+
+
+def test_all_reduce_s_overrides_the_cost_model():
+    model = serving.LLAMA_3_70B
+    priced = serving.decode_step(model, 1, 4096, gpu="H200", tp=8)
+    given = serving.decode_step(model, 1, 4096, gpu="H200", tp=8, all_reduce_s=10e-6)
+    assert given.communication_s == pytest.approx(2 * model.n_layers * 10e-6)
+    assert given.memory_s == priced.memory_s and given.compute_s == priced.compute_s
+    assert serving.decode_step(model, 1, 4096, gpu="H200", tp=1,
+                               all_reduce_s=10e-6).communication_s == 0.0
+    with pytest.raises(ValueError, match="all_reduce_s"):
+        serving.decode_step(model, 1, 4096, gpu="H200", tp=8, all_reduce_s=-1.0)

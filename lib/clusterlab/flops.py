@@ -7,6 +7,15 @@ per token and ``6ND`` FLOPs for ``D`` tokens. Attention adds a term that grows w
 length. Model FLOPs utilization (MFU) is the model's FLOPs per second over the peak FLOPs per second
 of all devices; it counts only the FLOPs the model needs, not recomputed ones.
 
+**The course's one MFU definition.** The model FLOPs per trained token are
+:func:`transformer_flops_per_token`, ``6N + 12 L s d_attn``: PaLM's accounting (Appendix B), the
+one most published MFU figures use, and the one every chapter, lab and the planner
+(:mod:`clusterlab.plan`) divide by the peak. It counts attention over the whole ``s x s`` score
+matrix; a causal model with a FlashAttention-style kernel skips the masked half, so it *executes*
+fewer attention FLOPs, :func:`causal_flops_per_token`. That count is for time models (how long
+a step or a prefill takes), never for MFU: at long contexts the two differ (see
+:func:`mfu_convention_over_causal`), and an MFU must say which it used.
+
 All FLOP counts are plain floating-point operations (a fused multiply-add counts as 2); rates are
 in FLOP/s (``_flops_per_s``); times in seconds (``_s``).
 
@@ -28,7 +37,8 @@ from clusterlab._checks import (
     positive as _check_positive,
 )
 
-__all__ = ["training_flops", "transformer_flops_per_token", "mfu", "time_to_train_s"]
+__all__ = ["training_flops", "transformer_flops_per_token", "causal_flops_per_token",
+           "mfu_convention_over_causal", "mfu", "time_to_train_s"]
 
 
 def training_flops(n_params: float, n_tokens: float) -> float:
@@ -58,11 +68,13 @@ def training_flops(n_params: float, n_tokens: float) -> float:
 
 def transformer_flops_per_token(n_params: float, n_layers: int, seq_len: int,
                                 d_model: int) -> float:
-    """Training FLOPs per token of a decoder-only transformer, attention included.
+    """Model FLOPs per trained token: the numerator of the course's one MFU definition.
 
     ``6N`` for the weight matmuls plus ``12 * L * H * Q * T`` = ``12 * L * d_model * T`` for the
     attention scores and the weighted sum of values (``H`` heads of size ``Q``, ``H*Q = d_model``,
-    context ``T``), forward and backward, as in the PaLM paper's MFU accounting.
+    context ``T``), forward and backward, as in the PaLM paper's MFU accounting. Attention is
+    counted as if unmasked (every token against all ``T``), by convention; what a causal kernel
+    executes is :func:`causal_flops_per_token`.
 
     Args:
         n_params: number of (non-embedding) parameters ``N`` (> 0).
@@ -86,6 +98,62 @@ def transformer_flops_per_token(n_params: float, n_layers: int, seq_len: int,
     _check_count("seq_len", seq_len)
     _check_count("d_model", d_model)
     return 6.0 * float(n_params) + 12.0 * n_layers * seq_len * d_model
+
+
+def causal_flops_per_token(n_params: float, n_layers: int, seq_len: int, d_attn: int, *,
+                           backward: bool = True) -> float:
+    """FLOPs per token a causal decoder executes: for time models, not for MFU.
+
+    Token ``i`` (1-based) of a sequence of ``T`` attends over ``i`` tokens: ``4 i d_attn`` FLOPs
+    per layer forward for the scores and the weighted sum of values. Averaged over the sequence
+    that is ``2 d_attn (T + 1)`` per layer, about half of the unmasked count in
+    :func:`transformer_flops_per_token`; a FlashAttention-style kernel skips the masked blocks,
+    so this is what it executes. The forward pass is ``2N`` plus that; training (``backward``)
+    triples both.
+
+    Args:
+        n_params: parameters used in a matmul per token ``N`` (> 0).
+        n_layers: transformer layers ``L`` (integer >= 1).
+        seq_len: sequence (or prompt) length ``T`` in tokens (integer >= 1).
+        d_attn: query heads times head size (integer >= 1).
+        backward: ``True`` for a training token (forward and backward, 3x the forward),
+            ``False`` for the forward pass alone (a prefill).
+
+    Returns:
+        ``(2N + 2 L d_attn (T + 1))`` FLOPs per token, times 3 when ``backward``.
+
+    Raises:
+        ValueError: if ``n_params`` is not positive or a size is not a positive integer.
+
+    References:
+        Dao et al., "FlashAttention", 2022 (causal masking skips blocks).
+        https://arxiv.org/abs/2205.14135
+    """
+    _check_positive("n_params", n_params)
+    _check_count("n_layers", n_layers)
+    _check_count("seq_len", seq_len)
+    _check_count("d_attn", d_attn)
+    forward = 2.0 * float(n_params) + 2.0 * n_layers * d_attn * (seq_len + 1)
+    return 3.0 * forward if backward else forward
+
+
+def mfu_convention_over_causal(n_params: float, n_layers: int, seq_len: int,
+                               d_attn: int) -> float:
+    """How much the MFU convention overstates the FLOPs a causal model executes.
+
+    The ratio :func:`transformer_flops_per_token` / :func:`causal_flops_per_token` (training):
+    close to 1 at short contexts, about 1.4 for a 405B model at 131,072 tokens. An MFU computed
+    with the convention is this factor above the fraction of the peak the hardware spends on
+    the model's executed FLOPs.
+
+    Args:
+        n_params, n_layers, seq_len, d_attn: as in :func:`transformer_flops_per_token`.
+
+    Returns:
+        The ratio, >= 1 for ``seq_len >= 1``.
+    """
+    return (transformer_flops_per_token(n_params, n_layers, seq_len, d_attn)
+            / causal_flops_per_token(n_params, n_layers, seq_len, d_attn))
 
 
 def mfu(model_flops_per_s: float, n_devices: int, peak_flops_per_device: float) -> float:

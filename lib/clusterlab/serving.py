@@ -21,7 +21,7 @@ import math
 from dataclasses import dataclass
 from typing import Sequence
 
-from clusterlab import _checks, costmodel, hardware, memory
+from clusterlab import _checks, costmodel, flops as _flops, hardware, memory
 
 __all__ = [
     "decode_step_bytes",
@@ -357,20 +357,26 @@ def tensor_parallel_all_reduce_bytes(model: Model, tokens: int, *,
 
 
 def _tp_all_reduces_s(model: Model, tokens: int, tp: int, gpu: hardware.GPU,
-                      bytes_per_activation: float) -> float:
+                      bytes_per_activation: float, all_reduce_s: float | None = None) -> float:
+    # 2 L all-reduces per step, each priced by the cost model unless all_reduce_s is given
     if tp == 1:
         return 0.0
+    count = tensor_parallel_all_reduces_per_token(model.n_layers)
+    if all_reduce_s is not None:
+        return count * _checks.positive("all_reduce_s", all_reduce_s, allow_zero=True)
     nbytes = tensor_parallel_all_reduce_bytes(model, tokens, bytes_per_value=bytes_per_activation)
-    return (tensor_parallel_all_reduces_per_token(model.n_layers)
-            * costmodel.all_reduce_time(nbytes, gpu=gpu, n_nodes=1, gpus_per_node=tp))
+    return count * costmodel.all_reduce_time(nbytes, gpu=gpu, n_nodes=1, gpus_per_node=tp)
 
 
 def prefill_flops(model: Model, prompt_tokens: int, *, batch: int = 1) -> float:
-    """FLOPs to run ``batch`` prompts of ``prompt_tokens`` tokens through the model (causal).
+    """FLOPs a causal prefill of ``batch`` prompts of ``prompt_tokens`` tokens executes.
 
     Token ``i`` (1-based) attends over ``i`` tokens, so the prompt costs the sum of
     :func:`decode_flops_per_token` over ``seq_len = 1 .. T``:
-    ``2 N T + 2 L d_attn T (T + 1)`` per prompt, with ``N`` the matmul parameters.
+    ``2 N T + 2 L d_attn T (T + 1)`` per prompt, with ``N`` the matmul parameters, which is
+    ``T`` times :func:`clusterlab.flops.causal_flops_per_token` of the forward pass. This is a
+    count of executed FLOPs for the time model, not the MFU convention
+    (:func:`clusterlab.flops.transformer_flops_per_token`), which counts attention unmasked.
 
     Args:
         model: the model.
@@ -382,15 +388,16 @@ def prefill_flops(model: Model, prompt_tokens: int, *, batch: int = 1) -> float:
     """
     tokens = _checks.count("prompt_tokens", prompt_tokens)
     prompts = _checks.count("batch", batch)
-    per_prompt = (2.0 * model.matmul_params * tokens
-                  + 2.0 * model.n_layers * model.d_attn * tokens * (tokens + 1))
-    return prompts * per_prompt
+    per_token = _flops.causal_flops_per_token(model.matmul_params, model.n_layers, tokens,
+                                              model.d_attn, backward=False)
+    return prompts * tokens * per_token
 
 
 def prefill(model: Model, prompt_tokens: int, *, gpu: hardware.GPU | str, batch: int = 1,
             tp: int = 1, bytes_per_param: float = 2, bytes_per_value: float = 2,
             precision: str = "bf16",
-            flops_efficiency: float = 1.0, bandwidth_efficiency: float = 1.0) -> StepTime:
+            flops_efficiency: float = 1.0, bandwidth_efficiency: float = 1.0,
+            all_reduce_s: float | None = None) -> StepTime:
     """The prefill of ``batch`` prompts: usually compute-bound.
 
     FLOPs from :func:`prefill_flops`; HBM traffic is the weights read once
@@ -408,6 +415,10 @@ def prefill(model: Model, prompt_tokens: int, *, gpu: hardware.GPU | str, batch:
         bytes_per_param: bytes per weight (2 for BF16).
         bytes_per_value: bytes per cached key/value and per all-reduced activation.
         precision, flops_efficiency, bandwidth_efficiency: as in :func:`roofline_step`.
+        all_reduce_s: seconds per tensor-parallel all-reduce, replacing the cost model's
+            estimate (e.g. an assumed or measured latency of a CUDA-graphed one-shot kernel);
+            ``None`` (the default) prices each with :func:`clusterlab.costmodel.all_reduce_time`,
+            whose small-message latency is fitted to an eager PyTorch benchmark.
 
     Returns:
         A :class:`StepTime` per GPU.
@@ -420,7 +431,8 @@ def prefill(model: Model, prompt_tokens: int, *, gpu: hardware.GPU | str, batch:
     flops = prefill_flops(model, prompt_tokens, batch=batch)
     nbytes = model.streamed_param_bytes(bytes_per_param) + model.kv_cache_bytes(
         prompt_tokens, batch, bytes_per_value)
-    comm = _tp_all_reduces_s(model, prompt_tokens * batch, tp, spec, bytes_per_value)
+    comm = _tp_all_reduces_s(model, prompt_tokens * batch, tp, spec, bytes_per_value,
+                             all_reduce_s)
     return roofline_step(flops, nbytes, gpu=spec, tp=tp, communication_s=comm,
                          precision=precision, flops_efficiency=flops_efficiency,
                          bandwidth_efficiency=bandwidth_efficiency)
@@ -429,7 +441,8 @@ def prefill(model: Model, prompt_tokens: int, *, gpu: hardware.GPU | str, batch:
 def decode_step(model: Model, batch: int, seq_len: int, *, gpu: hardware.GPU | str,
                 tp: int = 1, bytes_per_param: float = 2, bytes_per_value: float = 2,
                 precision: str = "bf16",
-                flops_efficiency: float = 1.0, bandwidth_efficiency: float = 1.0) -> StepTime:
+                flops_efficiency: float = 1.0, bandwidth_efficiency: float = 1.0,
+                all_reduce_s: float | None = None) -> StepTime:
     """One decode step: one new token for each of ``batch`` sequences of ``seq_len`` tokens.
 
     FLOPs: ``batch`` times :func:`decode_flops_per_token` (matmul parameters, attention over
@@ -444,7 +457,7 @@ def decode_step(model: Model, batch: int, seq_len: int, *, gpu: hardware.GPU | s
         batch: sequences decoded together (integer >= 1).
         seq_len: tokens already in each sequence's cache (integer >= 0).
         gpu, tp, bytes_per_param, bytes_per_value, precision, flops_efficiency,
-            bandwidth_efficiency: as in :func:`prefill`.
+            bandwidth_efficiency, all_reduce_s: as in :func:`prefill`.
 
     Returns:
         A :class:`StepTime` per GPU.
@@ -459,7 +472,7 @@ def decode_step(model: Model, batch: int, seq_len: int, *, gpu: hardware.GPU | s
                                            seq_len=seq_len, d_attn=model.d_attn)
     nbytes = decode_step_bytes(model.streamed_param_bytes(bytes_per_param),
                                model.kv_cache_bytes(seq_len, batch, bytes_per_value))
-    comm = _tp_all_reduces_s(model, batch, tp, spec, bytes_per_value)
+    comm = _tp_all_reduces_s(model, batch, tp, spec, bytes_per_value, all_reduce_s)
     return roofline_step(flops, nbytes, gpu=spec, tp=tp, communication_s=comm,
                          precision=precision, flops_efficiency=flops_efficiency,
                          bandwidth_efficiency=bandwidth_efficiency)
