@@ -1,21 +1,46 @@
 """Published nccl-tests (and nccl-tests-like) bus bandwidths, each row with its source.
 
-Every row below was read in its source (URL given per group); none is estimated or derived
-from another row. ``role`` says what a row is for:
+Every row below was read in its source (URL and place given per row); none is estimated or
+derived from another row. What a row is for (``role``):
 
-* ``"set"``: the row sets a parameter of :func:`clusterlab.costmodel.cluster_collective`
-  (an efficiency, a latency, where NCCL switches to NVLS); the model is *fitted* to it, so its
-  error proves nothing.
+* ``"set"``: the row sets a parameter of :func:`clusterlab.costmodel.cluster_collective`; the
+  model is *fitted* to it, so its error proves nothing. The model takes its constants from
+  NCCL's source (``tuning.cc``); the only row-fitted constant left is the launch overhead
+  (``costmodel.LAUNCH_OVERHEAD_S``), fitted to the 8x H200 sweep at <= 16 MiB.
 * ``"test"``: the row only tests the model; nothing is fitted on it.
+* ``"unhealthy"``: a published log of a system that its own thread says is broken or
+  misconfigured (it lost bandwidth). Never a test of the model; kept as a negative example
+  for a diagnosis tool (``python -m clusterlab expect --measured``). These rows live in
+  :data:`UNHEALTHY_ROWS`, not in :data:`ROWS`, so ``rows()`` (all healthy rows) and
+  ``validation_table`` never see them; ask for them with ``rows("unhealthy")``.
+
+Where a row comes from (``provenance``, one of :data:`PROVENANCES`):
+
+* :data:`FULL_TABLE` (``"full table"``): a complete nccl-tests (or benchmark) output table, or
+  a table of results, posted in the source; the value is read off it.
+* :data:`OTHER_TOOL` (``"other tool"``): a benchmark of another tool that prints nccl-tests'
+  columns (stas00's ``all_reduce_bench.py``, a torch loop), or a single measured figure whose
+  tool the source does not name.
+* :data:`MAINTAINER` (``"maintainer's statement"``): a sentence by an NCCL maintainer ("you
+  should see 46-48GB/s per NIC"): a rule of thumb, not a measurement with a stated setup.
+* :data:`USER_STATEMENT` (``"user's statement"``): a sentence in which a user summarizes
+  their own nccl-tests runs ("busbw is about 365-370 GBps"), with no table posted.
+
+``stated`` is the configuration as the source states it (a short quote or paraphrase);
+``inferred`` is everything this file had to assume beyond it (``""``: nothing). ``fabric`` is
+the network the row crosses: ``"NVLink"`` (one node), ``"InfiniBand"``, ``"RoCE"``, ``"EFA"``
+or ``"Ethernet"``; ``nic`` is the catalogue key of its NIC (EFA and RoCE NICs are Ethernet
+ports: ``"Ethernet-200G"``, ``"Ethernet-400G"``). :attr:`PublishedRow.regime` groups rows by
+(nodes, fabric, op family), the unit in which the model's error is reported.
 
 Units: ``size_bytes`` is nccl-tests' ``size`` column (bytes; "GiB" sizes are powers of 1024);
 ``busbw_gbps`` is the out-of-place ``busbw`` column in GB/s (1 GB = 1e9 bytes), per GPU and
 direction, as nccl-tests defines it (``doc/PERFORMANCE.md``).
 
-``tool`` is ``"nccl-tests"`` or ``"all_reduce_bench.py"`` (stas00's PyTorch benchmark, which
+``tool`` is ``"nccl-tests"``, ``"all_reduce_bench.py"`` (stas00's PyTorch benchmark, which
 prints the same algbw/busbw columns and which its author reports agrees closely with
-nccl-tests). ``algorithm`` is what the source says ran or was forced (``"auto"``: NCCL's own
-choice, not stated).
+nccl-tests) or ``"unstated"``. ``algorithm`` is what the source says ran or was forced
+(``"auto"``: NCCL's own choice, not forced).
 """
 
 from __future__ import annotations
@@ -26,12 +51,35 @@ KIB = 2**10
 MIB = 2**20
 GIB = 2**30
 
+FULL_TABLE = "full table"
+OTHER_TOOL = "other tool"
+MAINTAINER = "maintainer's statement"
+USER_STATEMENT = "user's statement"
+PROVENANCES = (FULL_TABLE, OTHER_TOOL, MAINTAINER, USER_STATEMENT)
+
+FABRICS = ("NVLink", "InfiniBand", "RoCE", "EFA", "Ethernet")
+ROLES = ("set", "test", "unhealthy")
+NODE_CLASSES = ("1 node", "2 nodes", ">2 nodes")
+OP_FAMILIES = ("all_reduce", "all_gather/reduce_scatter", "all_to_all")
+_OP_FAMILY = {"all_reduce": "all_reduce", "all_gather": "all_gather/reduce_scatter",
+              "reduce_scatter": "all_gather/reduce_scatter", "all_to_all": "all_to_all"}
+
+
+def node_class(n_nodes: int) -> str:
+    """``"1 node"``, ``"2 nodes"`` or ``">2 nodes"``."""
+    return "1 node" if n_nodes == 1 else "2 nodes" if n_nodes == 2 else ">2 nodes"
+
+
+def op_family(op: str) -> str:
+    """``"all_reduce"``, ``"all_gather/reduce_scatter"`` or ``"all_to_all"``."""
+    return _OP_FAMILY[op]
+
 
 class PublishedRow(NamedTuple):
     """One published measurement and the configuration it was taken on."""
 
     system: str            # a short label of the configuration
-    op: str                # all_reduce, all_gather, reduce_scatter
+    op: str                # all_reduce, all_gather, reduce_scatter, all_to_all
     gpu: str               # key in clusterlab.hardware.GPUS
     n_nodes: int
     gpus_per_node: int     # GPUs taking part in each node
@@ -39,11 +87,21 @@ class PublishedRow(NamedTuple):
     nics_per_node: int     # NICs per node used by NCCL (0 on one node)
     size_bytes: int
     busbw_gbps: float      # out-of-place busbw, GB/s
-    algorithm: str         # "auto" (NCCL's choice), or "ring"/"nvls"/"nvls_tree" as forced
-    role: str              # "set" or "test"
-    tool: str              # "nccl-tests" or "all_reduce_bench.py"
+    algorithm: str         # "auto" (NCCL's choice), or "ring"/"tree"/"nvls"/"nvls_tree" forced
+    role: str              # "set", "test" or "unhealthy"
+    tool: str              # "nccl-tests", "all_reduce_bench.py" or "unstated"
     source: str            # URL (and place in it)
     intra_node_link_bytes_per_s: float | None = None   # overrides the GPU's NVLink (A800)
+    provenance: str = ""   # one of PROVENANCES
+    fabric: str = ""       # one of FABRICS
+    nccl_version: str | None = None   # as the source states it, else None
+    stated: str = ""       # the configuration as the source states it
+    inferred: str = ""     # what this file assumed beyond it ("" if nothing)
+
+    @property
+    def regime(self) -> tuple[str, str, str]:
+        """(nodes: "1 node" | "2 nodes" | ">2 nodes", fabric, op family)."""
+        return node_class(self.n_nodes), self.fabric, op_family(self.op)
 
 
 _STAS00 = "https://github.com/stas00/ml-engineering/blob/master/network/README.md"
@@ -51,48 +109,74 @@ _SIZES_32K_16G = [32 * KIB * 2**i for i in range(20)]   # 32 KiB, 64 KiB, ..., 1
 
 
 def _sweep(system, gpu, n_nodes, nic, nics, busbw, *, role, tool, source, op="all_reduce",
-           algorithm="auto"):
+           algorithm="auto", **meta):
     return [PublishedRow(system, op, gpu, n_nodes, 8, nic, nics, size, value, algorithm, role,
-                         tool, source)
+                         tool, source, **meta)
             for size, value in zip(_SIZES_32K_16G, busbw)]
 
 
+def _table(system, op, gpu, n_nodes, gpus_per_node, nic, nics, sizes_busbw, *, source,
+           role="test", tool="nccl-tests", algorithm="auto", **meta):
+    """Rows read off one posted output table: ``sizes_busbw`` is ``[(size_bytes, busbw)]``."""
+    return [PublishedRow(system, op, gpu, n_nodes, gpus_per_node, nic, nics, size, value,
+                         algorithm, role, tool, source, **meta)
+            for size, value in sizes_busbw]
+
+_I212 = "https://github.com/NVIDIA/nccl-tests/issues/212"
+_I290 = "https://github.com/NVIDIA/nccl-tests/issues/290"
+_I1455 = "https://github.com/NVIDIA/nccl/issues/1455"
+_I812 = "https://github.com/NVIDIA/nccl/issues/812"
+_I412 = "https://github.com/NVIDIA/nccl/issues/412"
+
 ROWS: list[PublishedRow] = [
-    # --- Parameters (role "set") ---------------------------------------------------------------
     # S. Jeaugey (NCCL maintainer), nccl-tests issue 212, 2024-05-06: on 8 H100 "450GB/s is the
     # line rate. With the protocol overhead (~20%) NCCL can get an effective NVLink bandwidth of
     # 370GB/s, which you can observe as BusBw when running non-allreduce operations, or when
     # running with NCCL_ALGO=RING" and with NVLink SHARP "a peak busBw of ~480GB/s (algbw
     # ~275GB/s)"; "256M is too small to reach peak bandwidth" (so: large sizes, 8 GiB here).
+    # These set the model's NVLink efficiencies until the NCCL 2.30.7 rewrite; now tests.
     PublishedRow("8x H100 (DGX/HGX), NVLink4, ring", "all_reduce", "H100", 1, 8, None, 0,
-                 8 * GIB, 370.0, "ring", "set", "nccl-tests",
-                 "https://github.com/NVIDIA/nccl-tests/issues/212"),
+                 8 * GIB, 370.0, "ring", "test", "nccl-tests", _I212 + " (sjeaugey, 2024-05-06)",
+                 provenance=MAINTAINER, fabric="NVLink",
+                 stated="8 H100, NVLink line rate 450 GB/s; ~370 GB/s busbw with "
+                        "NCCL_ALGO=RING or non-allreduce ops; 256M too small for peak",
+                 inferred="message size (8 GiB), GPU count (8)"),
     PublishedRow("8x H100 (DGX/HGX), NVLink4, NVLS", "all_reduce", "H100", 1, 8, None, 0,
-                 8 * GIB, 480.0, "nvls", "set", "nccl-tests",
-                 "https://github.com/NVIDIA/nccl-tests/issues/212"),
+                 8 * GIB, 480.0, "nvls", "test", "nccl-tests", _I212 + " (sjeaugey, 2024-05-06)",
+                 provenance=MAINTAINER, fabric="NVLink",
+                 stated="On 8 GPUs, NVLink SHARP (default for allreduce): peak busBw ~480 GB/s "
+                        "(algbw ~275 GB/s)",
+                 inferred="message size (8 GiB)"),
     # D. Addison (NCCL team), nccl-tests issue 290, 2025-03-03: "For NDR @ 400Gbps you should
-    # see 46-48GB/s per NIC" (middle: 47 GB/s). Recorded as a ring over 2 nodes of 8 H100 with
+    # see 46-48GB/s per NIC" (middle: 47 GB/s). Recorded as a ring over 2 nodes of 1 H100 with
     # one NDR NIC each, where the NIC is the bottleneck: busbw = 47 GB/s.
     PublishedRow("2x1 H100, one NDR 400G NIC each, ring", "all_reduce", "H100", 2, 1,
-                 "IB-NDR", 1, 8 * GIB, 47.0, "ring", "set", "nccl-tests",
-                 "https://github.com/NVIDIA/nccl-tests/issues/290"),
+                 "IB-NDR", 1, 8 * GIB, 47.0, "ring", "test", "nccl-tests",
+                 _I290 + " (AddyLaddy, 2025-03-03)", provenance=MAINTAINER,
+                 fabric="InfiniBand", stated="NDR 400 Gb/s, per NIC: 46-48 GB/s",
+                 inferred="node count, GPUs per node, message size, algorithm, GPU (H100)"),
 ]
 
-# Where NCCL switches a single node to NVLS (role "set": it decides the algorithm).
-# stas00, network/README.md section SHARP: 8x H200 at 8 GiB, NCCL picks Ring at 4 GPUs and
-# NVLS from 5 up; 8x B200 (p6-b200.48xlarge, nccl 2.27.7) Ring up to 5 and NVLS from 6 up.
+# Where NCCL switches a single node to NVLS. stas00, network/README.md section SHARP: a table
+# of nccl-tests results on 8x H200 at 8 GiB (NCCL picks Ring at 4 GPUs and NVLS from 5 up;
+# NCCL version not stated for this table) and 8x B200 (p6-b200.48xlarge, nccl=2.27.7, Ring up
+# to 5 and NVLS from 6 up). They set where the old model switched to NVLS; now tests.
 _H200_COUNT = [(4, 363.3, 363.3), (5, 414.2, 364.4), (6, 435.6, 365.1), (7, 460.0, 365.7),
                (8, 473.1, 365.6)]
 _B200_COUNT = [(4, 673.2, 673.8), (5, 677.8, 677.8), (6, 778.2, 677.8), (7, 811.2, 680.5),
                (8, 838.0, 682.2)]
-for _gpu, _table in (("H200", _H200_COUNT), ("B200", _B200_COUNT)):
+for _gpu, _table, _version in (("H200", _H200_COUNT, None), ("B200", _B200_COUNT, "2.27.7")):
     for _n, _default, _ring in _table:
+        _meta = dict(provenance=FULL_TABLE, fabric="NVLink", nccl_version=_version,
+                     stated=f"{_n} GPUs of one 8x {_gpu} node, 8GiB payload, nccl-tests",
+                     inferred="")
         ROWS.append(PublishedRow(f"{_n}x {_gpu} of one HGX node, NCCL's choice", "all_reduce",
-                                 _gpu, 1, _n, None, 0, 8 * GIB, _default, "auto", "set",
-                                 "nccl-tests", _STAS00 + " (section SHARP)"))
+                                 _gpu, 1, _n, None, 0, 8 * GIB, _default, "auto", "test",
+                                 "nccl-tests", _STAS00 + " (section SHARP)", **_meta))
         ROWS.append(PublishedRow(f"{_n}x {_gpu} of one HGX node, NVLS off (ring)",
                                  "all_reduce", _gpu, 1, _n, None, 0, 8 * GIB, _ring, "ring",
-                                 "test", "nccl-tests", _STAS00 + " (section SHARP)"))
+                                 "test", "nccl-tests", _STAS00 + " (section SHARP)",
+                                 **{**_meta, "stated": _meta["stated"] + ", NCCL_NVLS_ENABLE=0"}))
 
 # Small-message latency (role "set"): the 8x H200 sweep below, sizes <= 16 MiB, sets the one
 # fitted constant, costmodel.LAUNCH_OVERHEAD_S; its sizes >= 32 MiB only test.
@@ -101,62 +185,91 @@ _H200_SWEEP = [1.44, 2.93, 5.73, 11.74, 23.94, 39.93, 64.53, 107.16, 155.53, 219
 for _row in _sweep("8x H200 (one node), NVLink4, NCCL's choice", "H200", 1, None, 0,
                    _H200_SWEEP, role="test", tool="all_reduce_bench.py",
                    source=_STAS00 + " (section Real network throughput; torch 2.9.1, "
-                                    "nccl 2.27.7)"):
+                                    "nccl 2.27.7)",
+                   provenance=OTHER_TOOL, fabric="NVLink", nccl_version="2.27.7",
+                   stated="8x H200 node, all_reduce_bench.py, torch 2.9.1, nccl 2.27.7",
+                   inferred=""):
     ROWS.append(_row._replace(role="set" if _row.size_bytes <= 16 * MIB else "test"))
 
 ROWS += [
-    # stas00, network/README.md section SHARP: 8x H200, 16 GiB, nccl-tests -g 8.
-    PublishedRow("8x H200, NVLS (default)", "all_reduce", "H200", 1, 8, None, 0, 16 * GIB,
-                 480.0, "auto", "test", "nccl-tests", _STAS00 + " (section SHARP)"),
-    PublishedRow("8x H200, NCCL_NVLS_ENABLE=0", "all_reduce", "H200", 1, 8, None, 0,
-                 16 * GIB, 367.2, "ring", "test", "nccl-tests", _STAS00 + " (section SHARP)"),
-    PublishedRow("8x H200", "all_gather", "H200", 1, 8, None, 0, 16 * GIB, 361.4, "auto",
-                 "test", "nccl-tests", _STAS00 + " (section SHARP)"),
-    PublishedRow("8x H200", "reduce_scatter", "H200", 1, 8, None, 0, 16 * GIB, 362.9, "auto",
-                 "test", "nccl-tests", _STAS00 + " (section SHARP)"),
-    # NCCL issue 1455 (shh2000, 2024-09-19), 8 H100 SXM, all_reduce_perf -b 2G -e 4G:
+    # stas00, network/README.md section SHARP: a table of nccl-tests results, 8x H200, 16 GiB,
+    # "-b 16G -e 16G -g 8 -z 1" (NCCL version not stated for it).
+    *[PublishedRow(system, op, "H200", 1, 8, None, 0, 16 * GIB, value, algo, "test",
+                   "nccl-tests", _STAS00 + " (section SHARP)", provenance=FULL_TABLE,
+                   fabric="NVLink", stated=stated, inferred="")
+      for system, op, value, algo, stated in (
+          ("8x H200, NVLS (default)", "all_reduce", 480.0, "auto",
+           "8x H200 node, 16 GiB, NCCL_NVLS_ENABLE=1 (NVLS ran)"),
+          ("8x H200, NCCL_NVLS_ENABLE=0", "all_reduce", 367.2, "ring",
+           "8x H200 node, 16 GiB, NCCL_NVLS_ENABLE=0 (Ring ran)"),
+          ("8x H200", "all_gather", 361.4, "auto", "8x H200 node, 16 GiB (Ring ran)"),
+          ("8x H200", "reduce_scatter", 362.9, "auto", "8x H200 node, 16 GiB (Ring ran)"))],
+    # NCCL issue 1455 (shh2000, a user, 2024-09-19), 8 H100 SXM, all_reduce_perf -b 2G -e 4G:
     # "when using ALGO=RING, busbw is about 365-370 GBps when gpus from 2 to 8"; with ALGO=NVLS
     # "Busbw increase from 370 to 420, 440, 460, and 480 GBps when gpus increase from 4 to 5,
     # 6, 7, and 8". Ring recorded at 8 GPUs (midpoint 367.5), NVLS at 5-8.
     PublishedRow("8x H100, NCCL_ALGO=RING", "all_reduce", "H100", 1, 8, None, 0, 4 * GIB,
-                 367.5, "ring", "test", "nccl-tests", "https://github.com/NVIDIA/nccl/issues/1455"),
+                 367.5, "ring", "test", "nccl-tests", _I1455, provenance=USER_STATEMENT,
+                 fabric="NVLink", stated="8 H100 SXM, all_reduce_perf -b 2G -e 4G, "
+                 "ALGO=RING: busbw about 365-370 GBps from 2 to 8 GPUs",
+                 inferred="size (4 GiB, the sweep's end), value (midpoint 367.5)"),
     *[PublishedRow(f"{n}x H100, NCCL_ALGO=NVLS", "all_reduce", "H100", 1, n, None, 0, 4 * GIB,
-                   value, "nvls", "test", "nccl-tests",
-                   "https://github.com/NVIDIA/nccl/issues/1455")
+                   value, "nvls", "test", "nccl-tests", _I1455, provenance=USER_STATEMENT,
+                   fabric="NVLink", stated="8 H100 SXM, all_reduce_perf -b 2G -e 4G, ALGO=NVLS: "
+                   "busbw 420/440/460/480 GBps at 5/6/7/8 GPUs",
+                   inferred="size (4 GiB, the sweep's end)")
       for n, value in ((5, 420.0), (6, 440.0), (7, 460.0), (8, 480.0))],
     # D. Addison, NCCL issue 812, 2023-03-31: "On an Nvidia DGX-A100 system we have 8x200Gbit/s
     # IB cards and we measure 192GB/s AllReduce BusBW" (scale-out, ring; node count not stated:
     # recorded as the ring over 2 nodes he recommends forcing to measure it).
     PublishedRow("DGX A100, 8x HDR 200G per node, ring", "all_reduce", "A100", 2, 8, "IB-HDR",
-                 8, 8 * GIB, 192.0, "ring", "test", "nccl-tests",
-                 "https://github.com/NVIDIA/nccl/issues/812"),
+                 8, 8 * GIB, 192.0, "ring", "test", "nccl-tests", _I812 + " (AddyLaddy)",
+                 provenance=MAINTAINER, fabric="InfiniBand",
+                 stated="DGX-A100, 8x 200 Gbit/s IB cards, 192 GB/s AllReduce BusBW",
+                 inferred="node count (2), message size (8 GiB), algorithm (ring)"),
     # S. Jeaugey, NCCL issue 412, 2023-04-24, 12 nodes of 8 A800 with one HDR 200G NIC each:
     # "looking at the BusBW at a size of 8G, you should get ~160GB/s intra-node and 24GB/s
     # inter-node". A800 = A100 with NVLink at 400 GB/s bidirectional, 200 GB/s per direction
     # (sjeaugey: 160 GB/s "is the NVLink intra-node bandwidth of your system").
     PublishedRow("8x A800, one node", "all_reduce", "A100", 1, 8, None, 0, 8 * GIB, 160.0,
-                 "auto", "test", "nccl-tests", "https://github.com/NVIDIA/nccl/issues/412",
-                 intra_node_link_bytes_per_s=200e9),
+                 "auto", "test", "nccl-tests", _I412 + " (sjeaugey, 2023-04-24)",
+                 intra_node_link_bytes_per_s=200e9, provenance=MAINTAINER, fabric="NVLink",
+                 stated="8 NVLink A800 per node; busbw at 8G: ~160 GB/s intra-node",
+                 inferred="A800 NVLink as 200 GB/s per direction"),
     PublishedRow("12 nodes of 8x A800, one HDR 200G NIC each", "all_reduce", "A100", 12, 8,
                  "IB-HDR", 1, 8 * GIB, 24.0, "auto", "test", "nccl-tests",
-                 "https://github.com/NVIDIA/nccl/issues/412", intra_node_link_bytes_per_s=200e9),
+                 _I412 + " (sjeaugey, 2023-04-24)", intra_node_link_bytes_per_s=200e9,
+                 provenance=MAINTAINER, fabric="InfiniBand",
+                 stated="12 nodes, 8 A800 and 1 HDR 200G IB card each (user); busbw at 8G: "
+                        "24 GB/s inter-node (maintainer)",
+                 inferred="A800 NVLink as 200 GB/s per direction"),
     # stas00, network/README.md footnote in "Understanding why inter-node network speed...":
     # 4 nodes of 8 H200 (p5en.48xlarge: 16x 200 Gb/s EFA v3 per node, README table "AWS EFA v3
-    # (P5en/Trn2) 16 x 200"), 4 GiB, nccl 2.27.7, Ring chosen: 364.87 GB/s.
-    PublishedRow("4 nodes of 8x H200, 16x EFA 200G per node", "all_reduce", "H200", 4, 8,
-                 "Ethernet-200G", 16, 4 * GIB, 364.87, "auto", "test", "nccl-tests",
-                 _STAS00 + " (footnote on p5en.48xlarge)"),
-    PublishedRow("4 nodes of 8x H200, 16x EFA 200G per node, NVLSTree forced", "all_reduce",
-                 "H200", 4, 8, "Ethernet-200G", 16, 4 * GIB, 310.07, "nvls_tree", "test",
-                 "nccl-tests", _STAS00 + " (footnote on p5en.48xlarge)"),
+    # (P5en/Trn2) 16 x 200"), 4 GiB, nccl 2.27.7, Ring chosen: 364.87 GB/s. Two figures in
+    # prose; the tool is not named.
+    *[PublishedRow(system, "all_reduce", "H200", 4, 8, "Ethernet-200G", 16, 4 * GIB, value,
+                   algo, "test", "unstated", _STAS00 + " (footnote on p5en.48xlarge)",
+                   provenance=OTHER_TOOL, fabric="EFA", nccl_version="2.27.7",
+                   stated="4 nodes of 8x H200, p5en.48xlarge, EFA, 4GiB all-reduce over 32 "
+                          "ranks, NCCL 2.27.7, AWS ofi tuner plugin" + extra,
+                   inferred="NICs per node (16 x 200G, from the README's EFA table for P5en); "
+                            "tool")
+      for system, value, algo, extra in (
+          ("4 nodes of 8x H200, 16x EFA 200G per node", 364.87, "auto", "; Ring selected"),
+          ("4 nodes of 8x H200, 16x EFA 200G per node, NVLSTree forced", 310.07, "nvls_tree",
+           "; NCCL_ALGO=allreduce:nvlstree"))],
 ]
 
 # stas00, network/README.md section "Real network throughput": one A100 node (8 GPUs),
-# nccl-tests all_reduce_perf -b 32k -e 16G -f 2 -g 8 -n 50.
+# nccl-tests all_reduce_perf -b 32k -e 16G -f 2 -g 8 -n 50 (the output table; NCCL version
+# not stated).
 _A100_SWEEP = [1.31, 2.45, 4.43, 7.47, 11.41, 18.00, 36.18, 72.33, 109.93, 106.16, 138.49,
                171.54, 176.92, 194.07, 222.72, 229.04, 231.41, 233.88, 234.61, 234.89]
 ROWS += _sweep("8x A100 (one node), NVLink3", "A100", 1, None, 0, _A100_SWEEP, role="test",
-               tool="nccl-tests", source=_STAS00 + " (section Real network throughput)")
+               tool="nccl-tests", source=_STAS00 + " (section Real network throughput)",
+               provenance=FULL_TABLE, fabric="NVLink",
+               stated="single A100 node, all_reduce_perf -b 32k -e 16G -f 2 -g 8 -n 50",
+               inferred="A100 model (80GB SXM, the catalogue's A100)")
 
 # stas00, network/README.md section "Inter-node speed depends on intra-node speed": P6-B200,
 # 8x B200 per node, NVLink5 inside, 8x 400 Gb/s EFA v4 per node; torch 2.9.1, nccl 2.27.7.
@@ -165,14 +278,70 @@ _B200_1 = [1.20, 2.17, 4.86, 9.54, 18.71, 36.06, 63.09, 76.48, 126.49, 254.96, 3
 _B200_4 = [0.01, 0.04, 0.45, 1.33, 2.84, 5.37, 10.38, 18.90, 35.12, 64.43, 91.19, 156.74,
            197.94, 229.09, 326.90, 361.99, 372.42, 377.34, 380.39, 381.80]
 _B200_SOURCE = _STAS00 + " (section Inter-node speed depends on intra-node speed)"
+_B200_STATED = ("P6-B200, 8x B200 per node, NVLink 5 inside, 8x 50GBps EFA v4 out; "
+                "all_reduce_bench.py, torch 2.9.1+cu130, nccl 2.27.7")
 ROWS += _sweep("8x B200 (one node), NVLink5", "B200", 1, None, 0, _B200_1, role="test",
-               tool="all_reduce_bench.py", source=_B200_SOURCE)
+               tool="all_reduce_bench.py", source=_B200_SOURCE, provenance=OTHER_TOOL,
+               fabric="NVLink", nccl_version="2.27.7", stated="1 node; " + _B200_STATED)
 ROWS += _sweep("4 nodes of 8x B200, 8x EFA 400G per node", "B200", 4, "Ethernet-400G", 8,
-               _B200_4, role="test", tool="all_reduce_bench.py", source=_B200_SOURCE)
+               _B200_4, role="test", tool="all_reduce_bench.py", source=_B200_SOURCE,
+               provenance=OTHER_TOOL, fabric="EFA", nccl_version="2.27.7",
+               stated="4 nodes; " + _B200_STATED)
+
+
+# --- Rows from systems their own thread calls broken (role "unhealthy") -----------------------
+UNHEALTHY_ROWS: list[PublishedRow] = []
 
 
 def rows(role: str | None = None) -> list[PublishedRow]:
-    """The published rows, all or only those of one role (``"set"`` or ``"test"``)."""
-    if role not in (None, "set", "test"):
-        raise ValueError(f"role must be 'set', 'test' or None, got {role!r}.")
+    """The published rows of one role.
+
+    Args:
+        role: ``"set"``, ``"test"``, ``"unhealthy"``, or None: all healthy rows (``"set"`` and
+            ``"test"``, i.e. :data:`ROWS`; unhealthy rows only when asked for by name).
+    """
+    if role not in (None, *ROLES):
+        raise ValueError(f"role must be 'set', 'test', 'unhealthy' or None, got {role!r}.")
+    if role == "unhealthy":
+        return list(UNHEALTHY_ROWS)
     return [row for row in ROWS if role is None or row.role == role]
+
+
+def rows_in(regime: tuple[str | None, str | None, str | None] | None = None, *,
+            nodes: str | None = None, fabric: str | None = None, op: str | None = None,
+            provenance: str | tuple[str, ...] | None = None,
+            role: str | None = None) -> list[PublishedRow]:
+    """The rows of :func:`rows` (``role``) in one regime and of given provenances.
+
+    Args:
+        regime: ``(nodes, fabric, op family)`` as :attr:`PublishedRow.regime` gives it; any
+            element may be None (any).
+        nodes, fabric, op: the same three one by one (``op`` is an op family:
+            ``"all_reduce"``, ``"all_gather/reduce_scatter"``, ``"all_to_all"``).
+        provenance: one of :data:`PROVENANCES` or a tuple of them; None: any.
+        role: as :func:`rows`.
+    """
+    want = list(regime) if regime is not None else [None, None, None]
+    if len(want) != 3:
+        raise ValueError(f"regime must be (nodes, fabric, op family), got {regime!r}.")
+    for i, value in enumerate((nodes, fabric, op)):
+        if value is not None:
+            want[i] = value
+    for value, allowed, name in zip(want, (NODE_CLASSES, FABRICS, OP_FAMILIES),
+                                    ("nodes", "fabric", "op family")):
+        if value is not None and value not in allowed:
+            raise ValueError(f"{name} must be one of {allowed}, got {value!r}.")
+    provenances = (provenance,) if isinstance(provenance, str) else provenance
+    if provenances is not None and not set(provenances) <= set(PROVENANCES):
+        raise ValueError(f"provenance must be in {PROVENANCES}, got {provenance!r}.")
+    return [row for row in rows(role)
+            if all(w is None or w == r for w, r in zip(want, row.regime))
+            and (provenances is None or row.provenance in provenances)]
+
+
+def regimes(role: str | None = None) -> dict[tuple[str, str, str], int]:
+    """How many rows (of ``role``) each regime has, in a stable order."""
+    counts: dict[tuple[str, str, str], int] = {}
+    for row in rows(role):
+        counts[row.regime] = counts.get(row.regime, 0) + 1
+    return dict(sorted(counts.items()))
