@@ -199,3 +199,13 @@ def test_spare_nodes_cover_the_poisson_quantile():
 def test_new_reliability_errors_name_the_constraint(call, name):
     with pytest.raises(ValueError, match=name):
         call()
+
+
+def test_daly_interval_matches_the_printed_formula_and_the_large_delta_branch():
+    import math as _math
+    from clusterlab import reliability as _r
+    delta, mtbf = 120.0, 3 * 3600.0
+    x = delta / (2 * mtbf)
+    assert _r.daly_interval_s(delta, mtbf) == pytest.approx(
+        _math.sqrt(2 * delta * mtbf) * (1 + _math.sqrt(x) / 3 + x / 9) - delta)
+    assert _r.daly_interval_s(3 * mtbf, mtbf) == pytest.approx(mtbf)  # delta >= 2M
