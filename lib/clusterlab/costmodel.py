@@ -28,13 +28,15 @@ References:
 
 from __future__ import annotations
 
+import functools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import NamedTuple, Sequence
 
 import numpy as np
 
-from clusterlab import _checks
+from clusterlab import _checks, _nccl
+from clusterlab.published import nccl_tests
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "reduce",
        "send_recv")
@@ -786,70 +788,81 @@ def fit_two_level(intra_nbytes: Sequence[float], intra_s: Sequence[float],
     return TwoLevelModel(devices_per_host, n_hosts, intra_bw, intra_lat, inter_bw, inter_lat)
 
 
-# --- One model of collectives across nodes, the way NCCL runs them ------------------------------
+# --- One model of collectives across nodes: NCCL 2.30.7's own tuning model -----------------------
 #
-# Achievable bandwidth as a fraction of line rate, each with the published row that sets it
-# (clusterlab.published.nccl_tests, role "set"); nothing below is fitted to a "test" row.
+# cluster_collective prices a collective the way NCCL prices it when it picks an algorithm and a
+# protocol: clusterlab._nccl is a port of ncclTopoTuneModel and ncclTopoGetAlgoTime of one
+# release (NCCL_RELEASE), fed with the graphs its topology search would find on the node. No
+# bandwidth or efficiency below is fitted to a published row; LAUNCH_OVERHEAD_S is the one
+# fitted constant. validation_table holds the model against every published row, by regime.
 
-#: Ring busbw over NVLink / NVSwitch as a fraction of the per-direction line rate: 370 of
-#: 450 GB/s on 8 H100 (S. Jeaugey, nccl-tests issue 212: "With the protocol overhead (~20%)
-#: NCCL can get an effective NVLink bandwidth of 370GB/s").
-NVLINK_EFFICIENCY = 370.0 / 450.0
-#: The same protocol overhead assumed for a PCIe host link (no published row sets it).
-PCIE_EFFICIENCY = NVLINK_EFFICIENCY
-#: NVLink SHARP (NVLS) all-reduce algbw as a fraction of the NVLink line rate: busbw ~480 GB/s
-#: on 8 H100, i.e. algbw 480 / (2*7/8) = 274 GB/s of 450 (nccl-tests issue 212: "a peak busBw
-#: of ~480GB/s (algbw ~275GB/s)"). NVLS sends each buffer to the switch once and receives the
-#: sum once, so its algbw, not its busbw, is what the links bound.
-NVLS_ALGBW_FRACTION = 480.0 / (2 * 7 / 8) / 450.0
-#: One NIC's achievable rate as a fraction of its line rate: "For NDR @ 400Gbps you should see
-#: 46-48GB/s per NIC" (D. Addison, nccl-tests issue 290): 47 of 50 GB/s.
+#: The NCCL release whose tuning rules cluster_collective follows.
+NCCL_RELEASE = _nccl.RELEASE
+#: Achievable fraction of line rate of one NVLink and one NIC, used by the flow model
+#: (clusterlab.fabric) and the planner's line-rate arithmetic, not by cluster_collective: NCCL
+#: counts an NVLink4 link as 20.6 of its 25 GB/s (topo.h SM90_NVLINK_BW; S. Jeaugey, nccl-tests
+#: issue 212: "NCCL can get an effective NVLink bandwidth of 370GB/s" of 450) and one NDR NIC
+#: reaches 46-48 of 50 GB/s (D. Addison, nccl-tests issue 290).
+NVLINK_EFFICIENCY = _nccl.NVLINK_BW_PER_LINK[90] / 25.0
 NIC_EFFICIENCY = 47.0 / 50.0
-#: Fewest GPUs of one node for which NCCL picks NVLS for an all-reduce (stas00/ml-engineering,
-#: network/README.md, section SHARP: Ring at 4 and NVLS from 5 GPUs on 8x H200, Ring up to 5
-#: and NVLS from 6 on 8x B200); H100 taken as H200 (same NVLink4 and NVSwitch), GB200 and
-#: GB300 as B200 (same NVLink 5 and NVLink Switch, whose multicast NVLS uses). No published
-#: nccl-tests run of a whole NVL72 is in the validation set: rack-scale estimates are unvalidated,
-#: and NVLS's latency, taken as a ring's (it grows with the GPU count), is extrapolated beyond 8
-#: GPUs. NCCL 2.19+ prices NVLS at a flat 25 us instead; that fits the 8-GPU rows worse
-#: (held-out 8x H200 at 32 MiB +22% instead of +4%, 8x B200 at 64 MiB +69% instead of +43%).
-NVLS_MIN_GPUS = {"H100": 5, "H200": 5, "B200": 6, "GB200": 6, "GB300": 6}
-#: Fixed cost of one collective call beyond NCCL's own latency model (kernel launch, the
-#: benchmark's synchronisation), in seconds: fitted to the 8x H200 sweep at <= 16 MiB (rows
-#: with role "set"); :func:`fit_launch_overhead` recomputes it and a test checks it.
-LAUNCH_OVERHEAD_S = 26.5e-6
+#: Fixed cost of one collective call that NCCL's model leaves out (kernel launch, the
+#: benchmark's synchronisation), in seconds: fitted to the 8x H200 sweep of stas00's
+#: all_reduce_bench.py (a PyTorch benchmark, not nccl-tests) at <= 16 MiB, the rows with role
+#: "set"; :func:`fit_launch_overhead` recomputes it and a test checks it.
+LAUNCH_OVERHEAD_S = 20.0e-6
 
-PROTOCOLS = ("LL", "LL128", "Simple")
-#: GPUs on which NCCL enables the LL128 protocol by default: "Enable LL128 by default only on
-#: Volta/Ampere+NVLink" (tuning.cc of the cited version).
-LL128_GPUS = ("V100", "A100")
-CLUSTER_ALGORITHMS = ("ring", "tree", "nvls", "nvls_tree", "collnet", "pairwise")
+PROTOCOLS = _nccl.PROTOCOLS
+#: Algorithms as NCCL_ALGO names them (lower case), plus "pairwise" for all-to-all, which
+#: NCCL runs as grouped send/receive, outside its tuning model.
+CLUSTER_ALGORITHMS = ("ring", "tree", "nvls", "nvls_tree", "collnet_direct", "collnet_chain",
+                      "pat", "pairwise")
+#: What a PCIe link carries as NCCL's topology counts it, GB/s per direction: 12 for Gen3 x16
+#: (topo.h PCI_BW), 24 for Gen4 and 48 for Gen5 (NCCL_DEBUG=INFO topology dumps, e.g.
+#: NVIDIA/nccl issue 1189: "PCI[48.0]" on an H20 server, issue 1499: "PCI[24.0]").
+_NCCL_PCI_GBPS = {"PCIe3x16": 12.0, "PCIe4x16": 24.0, "PCIe5x16": 48.0, "PCIe6x16": 96.0}
+#: NVLink's per-link line rate per direction by generation (hardware.LINKS: 6, 12, 18, 18 links).
+_NVLINK_LINK_LINE = {2: 25e9, 3: 25e9, 4: 25e9, 5: 50e9}
+#: A healthy run's margin below the band that the model's validated error sets (run to run
+#: noise of one nccl-tests measurement).
+BAND_MARGIN = 0.05
+#: Fewer test rows than this in a regime, and the regime counts as unvalidated.
+MIN_VALIDATION_ROWS = 3
+#: The band used where a regime has no validation: a healthy run lies above
+#: ``(1 - UNVALIDATED_BAND) * expected``.
+UNVALIDATED_BAND = 0.5
+SIZE_CLASSES = ("< 1 MiB", "1 MiB - 1 GiB", ">= 1 GiB")
+FABRICS = ("NVLink", "PCIe", "InfiniBand", "RoCE", "EFA", "Ethernet")
 
-# NCCL's latency model, microseconds (src/graph/tuning.cc, commit 01afd20, the version in this
-# course's reference): base latency per algorithm and protocol, and per-hop latency per link
-# type. CollNet's row is used for NVLS/NVLS-tree, which that version predates.
-_BASE_LAT_US = {"tree": (4.4, 4.4, 0.0), "ring": (3.6, 10.0, 8.4), "collnet": (4.4, 4.4, 0.0)}
-_HW_LAT_US = {
-    "nvlink": {"tree": (0.52, 1.2, 28.0), "ring": (0.47, 1.9, 3.4), "collnet": (0.5, 1.2, 4.0)},
-    "pcie": {"tree": (1.0, 1.9, 28.0), "ring": (1.0, 2.5, 5.7), "collnet": (1.0, 1.9, 5.5)},
-    "net": {"tree": (5.0, 8.5, 50.0), "ring": (2.7, 4.0, 9.6), "collnet": (5.0, 5.0, 10.7)},
-}
-# Tree correction factor per log2(size/64) (NCCL tuning.cc, same commit), LL/LL128/Simple.
-_TREE_CORRECTION = {
-    "LL": (1.0, 1.0, 1.0, 1.0, .9, .8, .7, .7, .7, .7, .6, .5, .4, .4, .5, .6, .7, .8, .9, 1.0,
-           1.0, 1.0),
-    "LL128": (1.0, 1.0, 1.0, 1.0, 1.0, .9, .8, .8, .8, .7, .6, .6, .6, .5, .6, .6, .7, .7, .8,
-              .9, .9, 1.0),
-    "Simple": (.9, .9, .9, .9, .9, .9, .9, .8, .7, .6, .6, .5, .5, .5, .5, .5, .5, .6, .6, .7,
-               .8, .9),
-}
-#: The band of :class:`CollectiveEstimate`: a healthy measurement lies above
-#: ``expected * (1 - LOW_BAND)``. The widths cover the model's largest over-prediction of a
-#: published healthy row (:func:`validation_table`): +28.5% from 256 MiB up (8x B200 with
-#: NVLS), +53% at 1-128 MiB (8x A100 at 1 MiB; +228% on 4 B200 nodes on EFA at 1 MiB, just
-#: inside); below 1 MiB on EFA the model is far off and no band covers it.
-LOW_BAND_LARGE = 0.35         # messages >= 256 MiB
-LOW_BAND_SMALL = 0.7          # smaller messages
+
+@dataclass(frozen=True)
+class Regime:
+    """Where a prediction lies, for reporting the model's error there."""
+
+    nodes: str          # "1 node", "2 nodes" or ">2 nodes"
+    fabric: str         # the network crossed: one of FABRICS (NVLink or PCIe on one node)
+    ops: str            # "all_reduce", "all_gather/reduce_scatter" or "all_to_all"
+    sizes: str          # one of SIZE_CLASSES
+
+    def __str__(self) -> str:
+        return f"{self.nodes}, {self.fabric}, {self.ops}, {self.sizes}"
+
+
+def regime(op: str, nbytes: float, n_nodes: int, fabric: str) -> Regime:
+    """The :class:`Regime` of one collective (see :func:`validation_by_regime`)."""
+    if fabric not in FABRICS:
+        raise ValueError(f"Unknown fabric {fabric!r}; use one of {', '.join(FABRICS)}.")
+    nodes = "1 node" if n_nodes == 1 else "2 nodes" if n_nodes == 2 else ">2 nodes"
+    ops = "all_gather/reduce_scatter" if op in ("all_gather", "reduce_scatter") else op
+    return Regime(nodes, fabric, ops,
+                  SIZE_CLASSES[(nbytes >= 2**20) + (nbytes >= 2**30)])
+
+
+def fabric_of(nic: str | None, n_nodes: int, intra_kind: str = "nvlink") -> str:
+    """The fabric a configuration crosses: NVLink/PCIe on one node, else by the NIC's name
+    (``IB-*``: InfiniBand; ``Ethernet-*``: Ethernet, unless told RoCE or EFA)."""
+    if n_nodes == 1:
+        return "NVLink" if intra_kind == "nvlink" else "PCIe"
+    return "InfiniBand" if (nic or "").startswith("IB-") else "Ethernet"
 
 
 @dataclass(frozen=True)
@@ -863,12 +876,19 @@ class CollectiveEstimate:
         time_s: expected seconds.
         algbw: ``nbytes / time_s`` in bytes/s.
         busbw: ``algbw * busbw_factor(op, n)`` in bytes/s (what nccl-tests prints).
-        algorithm: what NCCL would run: ring, tree, nvls, nvls_tree, collnet or pairwise.
+        algorithm: what NCCL 2.30.7 would run (NCCL_ALGO's names, lower case; "pairwise":
+            all-to-all's grouped send/receive).
         protocol: LL, LL128 or Simple.
-        low_busbw: below this a measured busbw is low (the model's validated error).
+        low_busbw: below this a measured busbw is low: the model's largest over-prediction of a
+            healthy published row in this regime, less ``BAND_MARGIN``
+            (``UNVALIDATED_BAND`` where the regime has no validation).
         high_busbw: the line-rate busbw of the links a ring (or NVLS) uses; above it a
             measurement needs in-network reduction (NVLS, SHARP) or a 2-node tree.
-        bottleneck: "NVLink" (or the node link), "network", "PCIe", or "latency".
+        bottleneck: "NVLink" (or "PCIe"), "network", "LL protocol"/"LL128 protocol" or
+            "latency".
+        regime: where the estimate lies (:class:`Regime`).
+        validated: whether the regime has at least ``MIN_VALIDATION_ROWS`` published test rows.
+        nccl_release: the NCCL release whose rules priced it.
     """
 
     op: str
@@ -883,6 +903,9 @@ class CollectiveEstimate:
     low_busbw: float
     high_busbw: float
     bottleneck: str
+    regime: Regime | None = None
+    validated: bool = False
+    nccl_release: str = NCCL_RELEASE
 
     @property
     def n_gpus(self) -> int:
@@ -891,140 +914,90 @@ class CollectiveEstimate:
 
 @dataclass(frozen=True)
 class _Fabric:
-    intra_line: float       # node link per GPU per direction, bytes/s
+    intra_line: float       # node link per GPU per direction, bytes/s (line rate)
     intra_kind: str         # "nvlink" or "pcie"
-    net_line: float         # one node's network, all NICs, bytes/s (0 on one node)
-    pcie_line: float        # one GPU's host link, bytes/s
-    nvls: bool              # NVLS possible on this node
+    intra_nccl_gbps: float  # the node link as NCCL's topology counts it, GB/s
+    nic_line: float         # one NIC's line rate, bytes/s (0 on one node)
+    nics: int               # NICs per node
+    pcie_nccl_gbps: float   # one GPU's PCIe link as NCCL counts it, GB/s
+    nvswitch: bool          # NVSwitch multicast (NVLS) possible
+
+    @property
+    def net_line(self) -> float:
+        return self.nic_line * self.nics
 
 
 def _fabric(gpu_spec, gpus_per_node, n_nodes, nic, nics_per_node, intra_node_link,
             intra_node_bytes_per_s, network_bytes_per_s=None):
     from clusterlab import hardware
 
+    compcap = _nccl.COMPUTE_CAPABILITY.get(gpu_spec.name, 90)
+    per_link = _nccl.NVLINK_BW_PER_LINK[max(c for c in _nccl.NVLINK_BW_PER_LINK
+                                            if c <= compcap)]
+    nvlink_fraction = per_link * 1e9 / _NVLINK_LINK_LINE[gpu_spec.nvlink_generation]
     if intra_node_bytes_per_s is not None:
-        intra_line, kind = _checks.positive("intra_node_bytes_per_s", intra_node_bytes_per_s), \
-            "nvlink"
+        intra_line = _checks.positive("intra_node_bytes_per_s", intra_node_bytes_per_s)
+        kind, intra_nccl = "nvlink", intra_line * nvlink_fraction / 1e9
     elif intra_node_link is not None:
         intra = hardware.link(intra_node_link)
-        intra_line, kind = intra.bytes_per_s, ("pcie" if intra.name.startswith("PCIe")
-                                               else "nvlink")
+        intra_line = intra.bytes_per_s
+        if intra.name.startswith("PCIe"):
+            kind, intra_nccl = "pcie", _NCCL_PCI_GBPS[intra.name]
+        else:
+            kind, intra_nccl = "nvlink", intra_line * nvlink_fraction / 1e9
     else:
         intra_line, kind = gpu_spec.nvlink_bytes_per_s, "nvlink"
-    pcie_line = hardware.link(gpu_spec.pcie).bytes_per_s
-    net_line = 0.0
+        intra_nccl = intra_line * nvlink_fraction / 1e9
+    nic_line, nics = 0.0, 0
     if n_nodes > 1 and network_bytes_per_s is not None:
         if nic is not None:
             raise ValueError("Give nic and nics_per_node, or network_bytes_per_s, not both.")
-        net_line = _checks.positive("network_bytes_per_s", network_bytes_per_s)
+        nics = gpus_per_node
+        nic_line = _checks.positive("network_bytes_per_s", network_bytes_per_s) / nics
     elif n_nodes > 1:
         if nic is None:
             raise ValueError(f"{n_nodes} nodes need a network: give nic (one of "
                              f"{', '.join(hardware.LINKS)}) and nics_per_node.")
         nics = gpus_per_node if nics_per_node is None else _checks.count("nics_per_node",
                                                                          nics_per_node)
-        net_line = hardware.link(nic).bytes_per_s * nics
-    nvls = (kind == "nvlink" and intra_line == gpu_spec.nvlink_bytes_per_s
-            and gpus_per_node >= NVLS_MIN_GPUS.get(gpu_spec.name, 10**9))
-    return _Fabric(intra_line, kind, net_line, pcie_line, nvls)
+        nic_line = hardware.link(nic).bytes_per_s
+    nvswitch = (kind == "nvlink" and intra_line == gpu_spec.nvlink_bytes_per_s
+                and compcap >= 90)
+    return _Fabric(intra_line, kind, intra_nccl, nic_line, nics,
+                   _NCCL_PCI_GBPS.get(gpu_spec.pcie, 48.0), nvswitch)
 
 
-def _latency_s(algorithm, protocol, op, n_nodes, gpus_per_node, intra_kind, nbytes):
-    """NCCL's latency model (tuning.cc) for one algorithm and protocol, plus the launch cost."""
-    p = PROTOCOLS.index(protocol)
-    n = n_nodes * gpus_per_node
-    table = "collnet" if algorithm in ("nvls", "nvls_tree", "collnet") else (
-        "tree" if algorithm == "tree" else "ring")
-    intra = _HW_LAT_US[intra_kind][table][p] * (1.8 if n_nodes > 1 and protocol == "LL" else 1)
-    inter = _HW_LAT_US["net"][table][p]
-    base = _BASE_LAT_US[table][p]
-    if algorithm in ("ring", "pairwise"):
-        steps = {"all_reduce": 2 * (n - 1), "all_to_all": n - 1}.get(op, n - 1)
-        inter_steps = {"all_reduce": 2 * (n_nodes - 1)}.get(op, n_nodes - 1)
-        lat = base + (steps - inter_steps) * intra + inter_steps * inter
-        if (protocol == "Simple" and n_nodes > 1 and op == "all_reduce"
-                and nbytes >= n / 16 * 65536):
-            lat *= 1.9          # "plateau effect of ring" (tuning.cc)
-    elif algorithm in ("tree", "nvls_tree"):
-        lat = base + 2 * ((gpus_per_node - 1) * intra + math.log2(max(n_nodes, 1)) * inter)
-    elif algorithm == "nvls":       # no entry in that version: the ring's Simple latency
-        lat = _BASE_LAT_US["ring"][2] + 2 * (n - 1) * _HW_LAT_US[intra_kind]["ring"][2]
-    else:                           # collnet
-        lat = base + 2 * (gpus_per_node - 1) * intra + inter
-    return lat * 1e-6 + LAUNCH_OVERHEAD_S
+def _topology(gpu_spec, fabric: _Fabric, n_nodes: int, gpus_per_node: int, sharp: bool):
+    return _nccl.graphs(compcap=_nccl.COMPUTE_CAPABILITY.get(gpu_spec.name, 90),
+                        n_nodes=n_nodes, gpus_per_node=gpus_per_node,
+                        intra_gbps=fabric.intra_nccl_gbps, nvlink=fabric.intra_kind == "nvlink",
+                        nvswitch=fabric.nvswitch, nic_gbps=fabric.nic_line / 1e9,
+                        nics_per_node=fabric.nics, pcie_gbps=fabric.pcie_nccl_gbps, sharp=sharp)
 
 
-def _candidates(op, fabric, n_nodes, gpus_per_node, sharp, forced):
-    """(algorithm, protocol, busbw of Simple, bottleneck, high line-rate busbw) NCCL may run."""
-    n = n_nodes * gpus_per_node
-    intra = (NVLINK_EFFICIENCY if fabric.intra_kind == "nvlink" else PCIE_EFFICIENCY) * \
-        fabric.intra_line
-    intra_name = "NVLink" if fabric.intra_kind == "nvlink" else "PCIe"
-    net = 0.0
-    net_name = "network"
+def _all_to_all(nbytes, fabric: _Fabric, topo, n_nodes, gpus_per_node):
+    """All-to-all as grouped send/receive (NCCL runs it outside its tuning model): each GPU
+    sends ``(g-1)/n`` of the buffer over its node link and ``(n-g)/n`` over its share of the
+    node's network channels, both at once; latency: a ring Simple step per group of 8 peers.
+    This is the course's estimate, not NCCL's."""
+    g, n = gpus_per_node, n_nodes * gpus_per_node
+    t_intra = (g - 1) / n * nbytes / (fabric.intra_nccl_gbps * 1e9)
+    t_net = 0.0
     if n_nodes > 1:
-        nic_rate = NIC_EFFICIENCY * fabric.net_line
-        pcie_rate = PCIE_EFFICIENCY * fabric.pcie_line * gpus_per_node
-        net, net_name = (nic_rate, "network") if nic_rate <= pcie_rate else (pcie_rate, "PCIe")
-    out = []
-    if op == "all_to_all":
-        if n_nodes == 1:
-            out.append(("pairwise", intra, intra_name, fabric.intra_line))
-        else:
-            # Bytes per GPU: (g-1)/n of the buffer over the node link, (n-g)/n over its share
-            # of the network; both at once, so the slower sets the time.
-            t_intra = (gpus_per_node - 1) / n / intra
-            t_net = (n - gpus_per_node) / n / (net / gpus_per_node)
-            busbw = (n - 1) / n / max(t_intra, t_net)
-            out.append(("pairwise", busbw, intra_name if t_intra >= t_net else net_name,
-                        (n - 1) / n / max((gpus_per_node - 1) / n / fabric.intra_line,
-                                          (n - gpus_per_node) / n
-                                          / (fabric.net_line / gpus_per_node))))
-        return out
-    ring = intra if n_nodes == 1 else min(intra, net)
-    ring_line = fabric.intra_line if n_nodes == 1 else min(fabric.intra_line, fabric.net_line)
-    out.append(("ring", ring, intra_name if ring == intra else net_name, ring_line))
-    if op != "all_reduce":
-        return out
-    factor = busbw_factor("all_reduce", n)
-    nvls_algbw = NVLS_ALGBW_FRACTION * fabric.intra_line
-    if n_nodes == 1 and fabric.nvls:
-        out.append(("nvls", nvls_algbw * factor, "NVLink", factor * fabric.intra_line))
-    if n_nodes > 1:
-        # Tree: NCCL prices it at 0.9 of the intra-node speed on <= 2 nodes, of the slower of
-        # intra and inter beyond (tuning.cc); each node's NICs carry the buffer once each way,
-        # so its algbw cannot pass the node's network.
-        capacity = intra if n_nodes <= 2 else min(intra, net)
-        tree = min(0.9 * capacity, factor * net, (110e9 if n_nodes <= 2 else 80e9))
-        tree_bound = (net_name if tree == factor * net
-                      else intra_name if capacity == intra else net_name)
-        out.append(("tree", tree, tree_bound, ring_line))
-        if fabric.nvls and forced == "nvls_tree":
-            nvls_node = nvls_algbw * busbw_factor("all_reduce", gpus_per_node)
-            nvls_tree = 0.9 * min(nvls_node, net)
-            out.append(("nvls_tree", nvls_tree, "network" if net < nvls_node else "NVLink",
-                        ring_line))
-        if sharp:
-            intra_algbw = nvls_algbw if fabric.nvls else intra / busbw_factor(
-                "all_reduce", max(gpus_per_node, 2))
-            collnet = 0.9 * min(fabric.net_line * NIC_EFFICIENCY, intra_algbw) * factor
-            out.append(("collnet", collnet, "network", ring_line))
-    return out
+        per_gpu_net = topo.ring.n_channels * topo.ring.bw_inter * 1e9 / g
+        t_net = (n - g) / n * nbytes / per_gpu_net
+    hw = _nccl._HW_LAT["net" if n_nodes > 1 else fabric.intra_kind]["ring"][2]
+    latency_s = (_nccl._BASE_LAT["ring"][2] + math.ceil((n - 1) / 8) * hw) * 1e-6
+    bound = "network" if t_net > t_intra else ("NVLink" if fabric.intra_kind == "nvlink"
+                                               else "PCIe")
+    return latency_s + LAUNCH_OVERHEAD_S + max(t_intra, t_net), latency_s, bound
 
 
-def _protocol_busbw(algorithm, protocol, busbw, op, n_nodes, nvlink):
-    """Scale a Simple-protocol busbw to LL/LL128 as NCCL's tuning model does."""
-    if protocol == "Simple":
-        return busbw
-    if algorithm in ("nvls", "nvls_tree", "collnet", "pairwise"):
-        return 0.0                               # Simple only in this model
-    if protocol == "LL128":
-        if not nvlink:
-            return 0.0                           # LL128 is enabled only over NVLink
-        return busbw * (0.915 if algorithm == "tree" else 0.92)
-    if algorithm == "tree":
-        return busbw / 3.8
-    return busbw * (0.25 if n_nodes > 1 or op == "all_reduce" else 1 / 3)
+def _high_busbw(op, algorithm, fabric: _Fabric, n_nodes, n) -> float:
+    line = fabric.intra_line if n_nodes == 1 else min(fabric.intra_line, fabric.net_line)
+    if algorithm == "nvls":
+        return busbw_factor("all_reduce", n) * fabric.intra_line
+    return line
 
 
 def cluster_collective(op: str, nbytes: float, *, gpu, n_nodes: int = 1,
@@ -1032,32 +1005,34 @@ def cluster_collective(op: str, nbytes: float, *, gpu, n_nodes: int = 1,
                        nics_per_node: int | None = None, intra_node_link: str | None = None,
                        intra_node_bytes_per_s: float | None = None,
                        network_bytes_per_s: float | None = None, algorithm: str = "auto",
-                       protocol: str = "auto", sharp: bool = False) -> CollectiveEstimate:
+                       protocol: str = "auto", sharp: bool = False,
+                       fabric: str | None = None) -> CollectiveEstimate:
     """Expected time and bus bandwidth of one NCCL collective on ``n_nodes x gpus_per_node`` GPUs.
 
-    The model follows how NCCL runs a collective:
+    NCCL prices every algorithm and protocol with its own model and runs the fastest; this is
+    that model, from NCCL 2.30.7 (``NCCL_RELEASE``; :mod:`clusterlab._nccl` cites
+    ``src/graph/tuning.cc`` line by line), plus ``LAUNCH_OVERHEAD_S`` per call:
 
-    * **Inside a node** every GPU drives its NVLink (or PCIe) at ``NVLINK_EFFICIENCY`` of line
-      rate; on H100/H200/B200 nodes NCCL picks **NVLS** (NVLink SHARP, the NVSwitch reduces)
-      for an all-reduce over at least ``NVLS_MIN_GPUS`` GPUs, whose algbw is
-      ``NVLS_ALGBW_FRACTION`` of the NVLink line rate.
-    * **Across nodes** NCCL runs rings (and trees) on many channels, each leaving the node
-      through one NIC, so all ``nics_per_node`` NICs work in parallel: a node's network moves
-      ``nics_per_node * NIC_EFFICIENCY * NIC line rate``, capped by the GPUs' PCIe links. The
-      NVLink and NIC phases of a channel are pipelined, so the **slower phase sets the time**
-      (a ring's busbw is ``min(NVLink, node network)``), not their sum. A tree (and NVLS-tree
-      on NVLS nodes) is priced as NCCL's tuning model prices it; IB SHARP (CollNet) is an
-      option (``sharp=True``).
-    * **Latency** is NCCL's own per-algorithm, per-protocol model (LL, LL128, Simple; base plus
-      per-hop latency from ``tuning.cc``) plus ``LAUNCH_OVERHEAD_S``; the protocol changes the
-      bandwidth too (LL: a quarter, LL128: 92%, LL128 only on V100/A100 as that ``tuning.cc``
-      enables it). ``algorithm="auto"``/``protocol="auto"`` take the fastest pair, as NCCL's
-      tuner does.
+    * **The graphs.** NCCL's topology search finds channels and a per-channel bandwidth for
+      each algorithm; here they come from the node's links as NCCL counts them (an NVLink4 link
+      is 20.6 GB/s, so 370.8 GB/s per H100; a 400 Gb/s NIC is 50, searched at 48). That
+      derivation is the one approximation of NCCL's code (``_nccl.graphs``).
+    * **The ring** is one flat ring over all ``n`` ranks per channel: across nodes each channel
+      crosses every node's network twice per all-reduce, whatever the node count.
+    * **The tree** sends each byte up and down a tree of nodes once each way; on two nodes its
+      intra-node bandwidth may reach twice the network's (search.cc), and NVLS-tree's network
+      bandwidth is doubled (tuning.cc "Handle 2 node case of NVLSTree"), which is why on two
+      nodes busbw can pass the NICs' line rate with no in-network reduction.
+    * **NVLS** (NVLink SHARP, one node of H100/H200/B200) at NCCL's per-architecture efficiency
+      (0.85 Hopper, 0.74 Blackwell); **NVLS-tree** across NVSwitch nodes; **CollNet** (IB SHARP)
+      with ``sharp=True``; **PAT** for all-gather/reduce-scatter at one GPU per node.
+    * **Protocols**: LL at half of Simple capped by ``llMaxBws``, LL128 at 92% capped per
+      channel, on by default on NVLink nodes (Hopper and Blackwell included).
+    * **All-to-all** is grouped send/receive, which NCCL does not price: a course estimate
+      (each GPU's node link and network share in parallel).
 
-    Every efficiency is set by one published measurement (``role="set"`` rows of
-    :mod:`clusterlab.published.nccl_tests`); :func:`validation_table` compares the model with
-    the other rows: median |error| 3.2% at >= 128 MiB and 25.7% at 1-16 MiB; worst, +28% for
-    8x B200 with NVLS and up to +228% for 4 B200 nodes on EFA below 16 MiB.
+    The errors per regime against published rows (:func:`validation_by_regime`) set the band;
+    a regime with fewer than ``MIN_VALIDATION_ROWS`` rows is unvalidated (``validated=False``).
 
     Args:
         op: ``"all_reduce"``, ``"all_gather"``, ``"reduce_scatter"`` or ``"all_to_all"``.
@@ -1066,32 +1041,53 @@ def cluster_collective(op: str, nbytes: float, *, gpu, n_nodes: int = 1,
         n_nodes: nodes.
         gpus_per_node: GPUs taking part in each node.
         nic: a name in :data:`clusterlab.hardware.LINKS` for one NIC port (needed when
-            ``n_nodes > 1``), e.g. ``"IB-NDR"``, ``"Ethernet-100G"``.
+            ``n_nodes > 1``), e.g. ``"IB-NDR"``, ``"Ethernet-400G"``.
         nics_per_node: NICs per node NCCL uses; default one per GPU.
         intra_node_link: a name in ``LINKS`` replacing the GPU's NVLink (e.g. ``"PCIe4x16"``).
         intra_node_bytes_per_s: or the node link's per-direction line rate directly (NVLS
             stays possible only at the GPU's own NVLink rate).
         network_bytes_per_s: instead of ``nic``/``nics_per_node``: the line rate of all of a
-            node's NICs together, per direction (what :class:`clusterlab.plan.Hardware`
-            holds as ``fabric_bytes_per_s * gpus_per_node``).
+            node's NICs together, per direction, taken as one NIC per GPU.
         algorithm: ``"auto"`` or one of :data:`CLUSTER_ALGORITHMS` to force it (as
-            ``NCCL_ALGO`` does); ``"collnet"`` needs ``sharp=True``.
+            ``NCCL_ALGO`` does); ``"collnet_*"`` need ``sharp=True``.
         protocol: ``"auto"`` or one of :data:`PROTOCOLS` (as ``NCCL_PROTO``).
         sharp: whether the network reduces in its switches (InfiniBand SHARP, NCCL CollNet).
+        fabric: the network's kind for the validation regime, one of :data:`FABRICS`
+            (default: by the NIC's name).
 
     Returns:
-        A :class:`CollectiveEstimate` (time, algbw, busbw, algorithm, protocol, band).
+        A :class:`CollectiveEstimate` (time, algbw, busbw, algorithm, protocol, band, regime).
 
     Raises:
         ValueError: unknown names, a network missing for several nodes, or an algorithm that
-            does not apply (e.g. NVLS across nodes, NVLS on a GPU without it).
+            NCCL does not run there (e.g. NVLS across nodes without SHARP).
 
     References:
-        NVIDIA NCCL, ``src/graph/tuning.cc`` (latency and protocol model);
-        Jeaugey, "Massively Scale Your Deep Learning Training with NCCL 2.4", NVIDIA blog, 2019
-        (channels, trees); nccl-tests ``doc/PERFORMANCE.md`` (algbw, busbw); the published
-        rows in :mod:`clusterlab.published.nccl_tests`.
+        NVIDIA NCCL v2.30.7-1, ``src/graph/tuning.cc``, ``search.cc``, ``topo.h``;
+        nccl-tests ``doc/PERFORMANCE.md`` (algbw, busbw); the published rows in
+        :mod:`clusterlab.published.nccl_tests`.
     """
+    estimate = _estimate(op, nbytes, gpu=gpu, n_nodes=n_nodes, gpus_per_node=gpus_per_node,
+                         nic=nic, nics_per_node=nics_per_node, intra_node_link=intra_node_link,
+                         intra_node_bytes_per_s=intra_node_bytes_per_s,
+                         network_bytes_per_s=network_bytes_per_s, algorithm=algorithm,
+                         protocol=protocol, sharp=sharp)
+    if estimate.n_gpus == 1:
+        return estimate
+    kind = "pcie" if (intra_node_link or "").startswith("PCIe") else "nvlink"
+    where = regime(op, estimate.nbytes, n_nodes, fabric or fabric_of(nic, n_nodes, kind))
+    errors = regime_errors().get(where, ())
+    validated = len(errors) >= MIN_VALIDATION_ROWS
+    if validated:
+        low = estimate.busbw / (1 + max(errors)) * (1 - BAND_MARGIN)
+    else:
+        low = estimate.busbw * (1 - UNVALIDATED_BAND)
+    return replace(estimate, low_busbw=low, regime=where, validated=validated)
+
+
+def _estimate(op, nbytes, *, gpu, n_nodes, gpus_per_node, nic, nics_per_node, intra_node_link,
+              intra_node_bytes_per_s, network_bytes_per_s, algorithm, protocol, sharp):
+    """:func:`cluster_collective` without the band."""
     from clusterlab import hardware
 
     if op not in ("all_reduce", "all_gather", "reduce_scatter", "all_to_all"):
@@ -1113,44 +1109,49 @@ def cluster_collective(op: str, nbytes: float, *, gpu, n_nodes: int = 1,
     if n == 1:
         return CollectiveEstimate(op, nbytes, n_nodes, gpus_per_node, 0.0, math.inf, math.inf,
                                   "none", "none", math.inf, math.inf, "none")
-    candidates = _candidates(op, fabric, n_nodes, gpus_per_node, sharp, algorithm)
-    if algorithm != "auto":
-        candidates = [c for c in candidates if c[0] == algorithm]
-        if not candidates:
-            raise ValueError(f"NCCL cannot run {op} with algorithm {algorithm!r} on "
-                             f"{n_nodes} x {gpus_per_node} {gpu_spec.name}"
-                             + (" (collnet needs sharp=True)" if algorithm == "collnet" else "")
-                             + "; use algorithm='auto'.")
+    topo = _topology(gpu_spec, fabric, n_nodes, gpus_per_node, sharp)
     factor = busbw_factor(op, n)
-    best = None
-    for name, busbw_simple, bottleneck, line in candidates:
-        for proto in (PROTOCOLS if protocol == "auto" else (protocol,)):
-            busbw_p = _protocol_busbw(name, proto, busbw_simple, op, n_nodes,
-                                      fabric.intra_kind == "nvlink"
-                                      and gpu_spec.name in LL128_GPUS)
-            if busbw_p <= 0:
-                continue
-            algbw_p = busbw_p / factor
-            if name == "tree":
-                log_size = int(math.log2(max(nbytes / 64, 1)))
-                if log_size < 22:
-                    algbw_p *= _TREE_CORRECTION[proto][log_size]
-            latency = _latency_s(name, proto, op, n_nodes, gpus_per_node, fabric.intra_kind,
-                                 nbytes)
-            seconds = latency + nbytes / algbw_p
-            if best is None or seconds < best[0]:
-                best = (seconds, name, proto, bottleneck, line, latency)
-    if best is None:
-        raise ValueError(f"No protocol {protocol!r} for {algorithm!r} here; use "
-                         "protocol='auto'.")
-    seconds, name, proto, bottleneck, line, latency = best
+    high = _high_busbw(op, "ring", fabric, n_nodes, n)
+    if op == "all_to_all":
+        if algorithm not in ("auto", "pairwise"):
+            raise ValueError(f"NCCL runs all_to_all as grouped send/receive; use "
+                             f"algorithm='auto' or 'pairwise', not {algorithm!r}.")
+        seconds, latency, bound = _all_to_all(nbytes, fabric, topo, n_nodes, gpus_per_node)
+        bound = "latency" if latency + LAUNCH_OVERHEAD_S > seconds / 2 else bound
+        alg = nbytes / seconds
+        return CollectiveEstimate(op, nbytes, n_nodes, gpus_per_node, seconds, alg,
+                                  alg * factor, "pairwise", "Simple", 0.0, high, bound)
+    options = _nccl.tune(topo, op)
+    if algorithm != "auto":
+        options = [t for t in options if t.algorithm == algorithm]
+        if not options:
+            raise ValueError(f"NCCL {NCCL_RELEASE} does not run {op} with algorithm "
+                             f"{algorithm!r} on {n_nodes} x {gpus_per_node} {gpu_spec.name}"
+                             + (" (collnet needs sharp=True)" if algorithm.startswith("collnet")
+                                else "") + "; use algorithm='auto'.")
+    if protocol != "auto":
+        options = [t for t in options if t.protocol == protocol]
+        if not options:
+            raise ValueError(f"No protocol {protocol!r} for {algorithm!r} here; use "
+                             "protocol='auto'.")
+    timed = [(_nccl.algo_time_us(topo, op, t, nbytes) * 1e-6 + LAUNCH_OVERHEAD_S, t)
+             for t in options]
+    seconds, best = min(timed, key=lambda pair: pair[0])
+    latency = best.latency_us * 1e-6 + LAUNCH_OVERHEAD_S
     if latency > seconds / 2:
         bottleneck = "latency"
+    elif best.protocol != "Simple":
+        bottleneck = f"{best.protocol} protocol"
+    elif n_nodes > 1 and fabric.net_line < fabric.intra_line * gpus_per_node / max(
+            gpus_per_node - 1, 1) and best.algorithm not in ("collnet_direct", "collnet_chain"):
+        bottleneck = "network"
+    else:
+        bottleneck = "NVLink" if fabric.intra_kind == "nvlink" else "PCIe"
     alg = nbytes / seconds
     bus = alg * factor
-    low = bus * (1 - (LOW_BAND_LARGE if nbytes >= 256 * 2**20 else LOW_BAND_SMALL))
-    return CollectiveEstimate(op, nbytes, n_nodes, gpus_per_node, seconds, alg, bus, name, proto,
-                              low, max(line, bus), bottleneck)
+    high = _high_busbw(op, best.algorithm, fabric, n_nodes, n)
+    return CollectiveEstimate(op, nbytes, n_nodes, gpus_per_node, seconds, alg, bus,
+                              best.algorithm, best.protocol, 0.0, max(high, bus), bottleneck)
 
 
 def all_reduce_time(nbytes: float, *, gpu, n_nodes: int, gpus_per_node: int = 8,
@@ -1159,11 +1160,12 @@ def all_reduce_time(nbytes: float, *, gpu, n_nodes: int, gpus_per_node: int = 8,
                     intra_node_bytes_per_s: float | None = None,
                     network_bytes_per_s: float | None = None, sharp: bool = False) -> float:
     """Seconds of an all-reduce of ``nbytes`` per GPU: ``cluster_collective(...).time_s``."""
-    return cluster_collective("all_reduce", nbytes, gpu=gpu, n_nodes=n_nodes,
-                              gpus_per_node=gpus_per_node, nic=nic, nics_per_node=nics_per_node,
-                              intra_node_link=intra_node_link,
-                              intra_node_bytes_per_s=intra_node_bytes_per_s,
-                              network_bytes_per_s=network_bytes_per_s, sharp=sharp).time_s
+    return _estimate("all_reduce", nbytes, gpu=gpu, n_nodes=n_nodes,
+                     gpus_per_node=gpus_per_node, nic=nic, nics_per_node=nics_per_node,
+                     intra_node_link=intra_node_link,
+                     intra_node_bytes_per_s=intra_node_bytes_per_s,
+                     network_bytes_per_s=network_bytes_per_s, algorithm="auto",
+                     protocol="auto", sharp=sharp).time_s
 
 
 @dataclass(frozen=True)
@@ -1178,6 +1180,10 @@ class ValidationRow:
     model_algorithm: str
     role: str
     source: str
+    regime: Regime
+    provenance: str
+    nccl_version: str | None
+    published_algorithm: str
 
     @property
     def error(self) -> float:
@@ -1186,30 +1192,86 @@ class ValidationRow:
 
 
 def _model_row(row) -> ValidationRow:
-    estimate = cluster_collective(
+    estimate = _estimate(
         row.op, row.size_bytes, gpu=row.gpu, n_nodes=row.n_nodes,
         gpus_per_node=row.gpus_per_node, nic=row.nic,
-        nics_per_node=row.nics_per_node or None,
-        intra_node_bytes_per_s=row.intra_node_link_bytes_per_s,
-        algorithm="auto" if row.algorithm == "auto" else row.algorithm)
+        nics_per_node=row.nics_per_node or None, intra_node_link=None,
+        intra_node_bytes_per_s=row.intra_node_link_bytes_per_s, network_bytes_per_s=None,
+        algorithm=row.algorithm, protocol="auto", sharp=False)
     return ValidationRow(row.system, row.op, row.size_bytes, row.busbw_gbps,
-                         estimate.busbw / 1e9, estimate.algorithm, row.role, row.source)
+                         estimate.busbw / 1e9, estimate.algorithm, row.role, row.source,
+                         regime(row.op, row.size_bytes, row.n_nodes, row.fabric),
+                         row.provenance, row.nccl_version, row.algorithm)
 
 
 def validation_table(role: str | None = "test") -> list[ValidationRow]:
     """The model beside every published nccl-tests row (of one role, by default the tests).
 
     Args:
-        role: ``"test"`` (rows nothing was fitted to), ``"set"`` (rows that set a parameter)
-            or None (all).
+        role: ``"test"`` (rows nothing was fitted to), ``"set"`` (the rows that set
+            ``LAUNCH_OVERHEAD_S``), ``"unhealthy"`` (logs of systems their threads call
+            broken) or None (all healthy rows).
 
     Returns:
         One :class:`ValidationRow` per published row, in the order of
         :data:`clusterlab.published.nccl_tests.ROWS`.
     """
-    from clusterlab.published import nccl_tests
-
     return [_model_row(row) for row in nccl_tests.rows(role)]
+
+
+@dataclass(frozen=True)
+class RegimeError:
+    """The model's error over the test rows of one :class:`Regime`."""
+
+    regime: Regime
+    rows: int
+    median_abs: float        # median |error|
+    lowest: float            # most negative error (the model under-predicts)
+    highest: float           # most positive error (the model over-predicts)
+    sources: int             # distinct sources (URLs) among the rows
+
+    @property
+    def validated(self) -> bool:
+        return self.rows >= MIN_VALIDATION_ROWS
+
+
+def validation_by_regime(rows: Sequence[ValidationRow] | None = None) -> list[RegimeError]:
+    """The model's error per regime (nodes, fabric, op family, size class) over test rows.
+
+    Rows forced to an algorithm NCCL would not pick still count: they test that algorithm's
+    price. Rows that set a parameter (``role="set"``) are left out: their error proves nothing.
+    """
+    rows = validation_table("test") if rows is None else [r for r in rows if r.role == "test"]
+    groups: dict[Regime, list[ValidationRow]] = {}
+    for r in rows:
+        groups.setdefault(r.regime, []).append(r)
+    out = []
+    for where in sorted(groups, key=str):
+        errors = [r.error for r in groups[where]]
+        out.append(RegimeError(where, len(errors), float(np.median(np.abs(errors))),
+                               min(errors), max(errors),
+                               len({r.source.split(" ")[0] for r in groups[where]})))
+    return out
+
+
+@functools.lru_cache(maxsize=1)
+def _regime_errors(launch_overhead_s: float) -> dict[Regime, tuple[float, ...]]:
+    return {e.regime: tuple(r.error for r in validation_table("test") if r.regime == e.regime)
+            for e in validation_by_regime()}
+
+
+def regime_errors() -> dict[Regime, tuple[float, ...]]:
+    """Each regime's errors over its test rows (cached; the band of :func:`cluster_collective`)."""
+    return _regime_errors(LAUNCH_OVERHEAD_S)
+
+
+def format_regime_errors(errors: Sequence[RegimeError]) -> str:
+    """A fixed-width table of :func:`validation_by_regime`."""
+    lines = [f"{'regime':<58} {'rows':>4} {'sources':>7} {'median':>7} {'range':>15}"]
+    for e in errors:
+        lines.append(f"{str(e.regime):<58} {e.rows:4d} {e.sources:7d} "
+                     f"{100 * e.median_abs:6.1f}% {100 * e.lowest:+6.1f}..{100 * e.highest:+.1f}%")
+    return "\n".join(lines)
 
 
 def format_validation_table(rows: Sequence[ValidationRow]) -> str:
@@ -1245,8 +1307,6 @@ def fit_launch_overhead(step_s: float = 0.5e-6, max_s: float = 100e-6) -> float:
         The overhead in seconds (the module constant is this value, rounded to ``step_s``).
     """
     global LAUNCH_OVERHEAD_S
-    from clusterlab.published import nccl_tests
-
     sweep = [r for r in nccl_tests.rows("set") if r.size_bytes <= 16 * 2**20]
     saved, best = LAUNCH_OVERHEAD_S, (math.inf, 0.0)
     try:
