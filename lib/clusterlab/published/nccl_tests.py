@@ -165,8 +165,8 @@ _H200_COUNT = [(4, 363.3, 363.3), (5, 414.2, 364.4), (6, 435.6, 365.1), (7, 460.
                (8, 473.1, 365.6)]
 _B200_COUNT = [(4, 673.2, 673.8), (5, 677.8, 677.8), (6, 778.2, 677.8), (7, 811.2, 680.5),
                (8, 838.0, 682.2)]
-for _gpu, _table, _version in (("H200", _H200_COUNT, None), ("B200", _B200_COUNT, "2.27.7")):
-    for _n, _default, _ring in _table:
+for _gpu, _counts, _version in (("H200", _H200_COUNT, None), ("B200", _B200_COUNT, "2.27.7")):
+    for _n, _default, _ring in _counts:
         _meta = dict(provenance=FULL_TABLE, fabric="NVLink", nccl_version=_version,
                      stated=f"{_n} GPUs of one 8x {_gpu} node, 8GiB payload, nccl-tests",
                      inferred="")
@@ -289,8 +289,152 @@ ROWS += _sweep("4 nodes of 8x B200, 8x EFA 400G per node", "B200", 4, "Ethernet-
                stated="4 nodes; " + _B200_STATED)
 
 
+# --- Multi-node InfiniBand and RoCE H100 (full tables and statements) ---------------------------
+_I309 = "https://github.com/NVIDIA/nccl-tests/issues/309"
+_I1221 = "https://github.com/NVIDIA/nccl/issues/1221"
+_I2409 = "https://github.com/NVIDIA/nccl/issues/2409"
+
+# nccl-tests issue 309 (qoofyk, 2025-05-20): "Dell HGX XE9680 with 8xH100 and 8x CX-7 IB 400Gbps",
+# NCCL 2.26.2, all_reduce_perf -b 8 -e 16g -f 2 -g 1 on 16 ranks of 2 hosts (NCCL_IB_HCA lists
+# the 8 HCAs). NVIDIA (kiskra-nvidia, 2025-05-21): "Your numbers look good to me!"
+ROWS += _table("2 nodes of 8x H100 (HGX XE9680), 8x NDR 400G IB per node", "all_reduce", "H100",
+               2, 8, "IB-NDR", 8,
+               [(1 * MIB, 27.33), (16 * MIB, 169.67), (128 * MIB, 336.29), (1 * GIB, 448.90),
+                (16 * GIB, 469.21)],
+               source=_I309 + " (issue body)", provenance=FULL_TABLE, fabric="InfiniBand",
+               nccl_version="2.26.2",
+               stated="Dell HGX XE9680, 8xH100 and 8x CX-7 IB 400Gbps per host, 2 hosts x 8 "
+                      "ranks, NCCL 2.26.2, -b 8 -e 16g -f 2 -g 1; NVIDIA: 'numbers look good'",
+               inferred="")
+# Same thread (qoofyk, 2025-05-23): "4 nodes on 32 GPU-NIC pairs ... max busbw can get 365.84";
+# NCCL 2.26.2, run with NCCL_TOPO_FILE=vm_topo_mod.xml and the 8 HCAs. NVIDIA (2025-06-18):
+# "That's a good number ... With 8 400 Gbps NICs your peak would be at 400 GB/s."
+ROWS += _table("4 nodes of 8x H100 (HGX), 8x NDR 400G IB per node", "all_reduce", "H100", 4, 8,
+               "IB-NDR", 8,
+               [(1 * MIB, 24.73), (16 * MIB, 125.23), (128 * MIB, 262.48), (1 * GIB, 358.14),
+                (16 * GIB, 365.84)],
+               source=_I309 + " (comment of qoofyk, 2025-05-23)", provenance=FULL_TABLE,
+               fabric="InfiniBand", nccl_version="2.26.2",
+               stated="4 nodes, 32 GPU-NIC pairs, 8 HCAs in NCCL_IB_HCA, NCCL 2.26.2, "
+                      "NCCL_TOPO_FILE=vm_topo_mod.xml; NVIDIA: 'a good number', '8 400 Gbps NICs'",
+               inferred="that these 4 hosts (other names than the 2-host run, a topology file "
+                        "for VMs) have the first post's CX-7 NDR IB NICs")
+# Same thread (gj-aion, 2025-06-18), H100 80GB HBM3 nodes on "IB 400G network", NCCL version
+# not stated, all_reduce_perf -b 1M -e 8G -f 2 -g 1 with 8 ranks per node. NVIDIA on the
+# 8-node run: "That's possible, depending on your network."
+for _n, _busbw in ((2, [21.08, 156.07, 335.25, 447.65, 466.73]),
+                         (4, [6.41, 106.75, 246.41, 322.02, 324.52]),
+                         (8, [17.64, 87.36, 227.97, 286.81, 320.70])):
+    ROWS += _table(f"{_n} nodes of 8x H100, IB 400G (gj-aion)", "all_reduce", "H100", _n, 8,
+                   "IB-NDR", 8,
+                   list(zip((1 * MIB, 16 * MIB, 128 * MIB, 1 * GIB, 8 * GIB), _busbw)),
+                   source=_I309 + " (comments of gj-aion, 2025-06-18)", provenance=FULL_TABLE,
+                   fabric="InfiniBand",
+                   stated=f"{_n} of an 8-node H100 cluster, 'IB 400G network', "
+                          "-b 1M -e 8G -f 2 -g 1, 8 ranks per node, defaults",
+                   inferred="NICs per node (8: not stated), NCCL version")
+# ... and with NVIDIA's suggested NCCL_MIN_CTAS=24 NCCL_IB_QPS_PER_CONNECTION=2 (8 nodes, NCCL's
+# choice; 2 nodes with NCCL_ALGO=Ring): "getting closer to the 400 GB/s IB limit".
+for _n, _algo, _busbw in ((8, "auto", [16.26, 64.71, 189.36, 374.81, 391.37]),
+                                (2, "ring", [12.53, 157.83, 316.24, 384.49, 392.69])):
+    ROWS += _table(f"{_n} nodes of 8x H100, IB 400G, NCCL_MIN_CTAS=24 QPS=2"
+                   + (", ring" if _algo == "ring" else ""), "all_reduce", "H100", _n, 8,
+                   "IB-NDR", 8,
+                   list(zip((1 * MIB, 16 * MIB, 128 * MIB, 1 * GIB, 8 * GIB), _busbw)),
+                   source=_I309 + " (comment of gj-aion, 2025-06-18)", algorithm=_algo,
+                   provenance=FULL_TABLE, fabric="InfiniBand",
+                   stated=f"{_n} nodes of 8 H100, 'IB 400G network', NCCL_MIN_CTAS=24 "
+                          "NCCL_IB_QPS_PER_CONNECTION=2" + (", NCCL_ALGO=Ring" if _algo == "ring"
+                                                             else ""),
+                   inferred="NICs per node (8: not stated), NCCL version; non-default "
+                            "NCCL_MIN_CTAS the model does not represent")
+
+# nccl-tests issue 290 (shahizat, 2025-03-03): one node of 8 H100 80GB HBM3, all_reduce_perf
+# -g 8 -b 128M -e 4G -f 2; NVIDIA (AddyLaddy): "476GB/s looks to be in the expected range".
+ROWS += _table("8x H100 (one node), NVLink4, NCCL's choice (nccl-tests#290)", "all_reduce",
+               "H100", 1, 8, None, 0,
+               [(128 * MIB, 382.99), (1 * GIB, 465.25), (4 * GIB, 473.60)],
+               source=_I290 + " (issue body, single node)", provenance=FULL_TABLE,
+               fabric="NVLink", stated="single node, 8x H100 80GB HBM3, -b 128M -e 4G -f 2 -g 8",
+               inferred="")
+
+# NCCL issue 1221 (qdbkppkbdq, 2024-03-13), NCCL 2.19.3, nodes of "GPU 8xH100, NIC: 8x400Gb
+# RoCE", all_reduce_perf -b 4G -e 8G -g 1: "if I run all_reduce on single nodes or 2 nodes. when
+# I set NCCL_NVLS_ENABLE=0 /1 . the bus BW will upgraded from 330GB to 430GB. but run it on nodes
+# which is more than 2 ... same busbw 320GB" (4 nodes, -np 32).
+_I1221_STATED = ("8xH100 and 8x 400Gb RoCE per node, NCCL 2.19.3, all_reduce_perf -b 4G -e 8G "
+                 "-g 1; ")
+ROWS += [
+    *[PublishedRow(f"2 nodes of 8x H100, 8x 400G RoCE, NCCL_NVLS_ENABLE={flag}", "all_reduce",
+                   "H100", 2, 8, "Ethernet-400G", 8, 8 * GIB, value, "auto", "test",
+                   "nccl-tests", _I1221 + " (issue body)", provenance=USER_STATEMENT,
+                   fabric="RoCE", nccl_version="2.19.3",
+                   stated=_I1221_STATED + "'single nodes or 2 nodes': NCCL_NVLS_ENABLE=0/1 "
+                                          "busbw 330GB -> 430GB",
+                   inferred="node count (the sentence covers 1 and 2 nodes; recorded at 2), "
+                            "size (8 GiB, the sweep's end)")
+      for flag, value in ((0, 330.0), (1, 430.0))],
+    *[PublishedRow(f"4 nodes of 8x H100, 8x 400G RoCE, NCCL_NVLS_ENABLE={flag}", "all_reduce",
+                   "H100", 4, 8, "Ethernet-400G", 8, 8 * GIB, 320.0, "auto", "test",
+                   "nccl-tests", _I1221 + " (issue body)", provenance=USER_STATEMENT,
+                   fabric="RoCE", nccl_version="2.19.3",
+                   stated=_I1221_STATED + "more than 2 nodes (-np 32): NCCL_NVLS_ENABLE=0/1 "
+                                          "'same busbw 320GB'",
+                   inferred="size (8 GiB, the sweep's end)")
+      for flag in (0, 1)],
+    # NCCL issue 2409 (Ndministrator, 2026-09-15), after fixing the platform (iommu=pt, ACS off)
+    # and dropping NCCL_IB_SPLIT_DATA_ON_QPS=1: "all_reduce_perf 16 ranks x 8 rails 1 GiB busbw
+    # ... 456 GB/s". 2 nodes x 8 H100 SXM, 8x ConnectX-7 400 Gb/s RoCEv2 per node, NCCL 2.31.2.
+    PublishedRow("2 nodes of 8x H100, 8x 400G RoCE (fixed, nccl#2409)", "all_reduce", "H100", 2,
+                 8, "Ethernet-400G", 8, 1 * GIB, 456.0, "auto", "test", "nccl-tests",
+                 _I2409 + " (comment of 2026-09-15, 'Resolved')", provenance=USER_STATEMENT,
+                 fabric="RoCE", nccl_version="2.31.2",
+                 stated="2 x 8x H100 SXM, 8x CX-7 400 Gb/s RoCEv2 per node, NCCL 2.31.2, "
+                        "16 ranks x 8 rails, 1 GiB, after iommu=pt + ACS off and "
+                        "NCCL_IB_SPLIT_DATA_ON_QPS=0",
+                 inferred=""),
+]
+
+
 # --- Rows from systems their own thread calls broken (role "unhealthy") -----------------------
-UNHEALTHY_ROWS: list[PublishedRow] = []
+# Never tests of the model: published logs of systems that lost bandwidth, for a diagnosis tool.
+_UNHEALTHY_2409 = ("2 x 8x H100 SXM, 8x CX-7 400 Gb/s RoCEv2 per node, NCCL 2.31.2; as filed "
+                   "(later found: PCIe ACS redirection with IOMMU translated, and "
+                   "NCCL_IB_SPLIT_DATA_ON_QPS=1)")
+UNHEALTHY_ROWS: list[PublishedRow] = [
+    # nccl-tests issue 290 (shahizat, 2025-03-03/04): 2 nodes of 8 H100, NDR 400G IB with CX-7
+    # NICs (8 HCAs in UCX_NET_DEVICES / NCCL_IB_HCA), "observed some performance degradation";
+    # NCCL's choice, then NCCL_ALGO=RING (+ IB env vars). NVIDIA: "For NDR @ 400Gbps you should
+    # see 46-48GB/s per NIC"; the ring gets 89.9 GB/s for 8 NICs. The thread ends unresolved.
+    *[row for algo, values, where in (
+        ("auto", [119.65, 159.72, 149.85, 155.57], "issue body"),
+        ("ring", [63.50, 99.88, 87.84, 89.90], "comment of shahizat, 2025-03-04"))
+      for row in _table(f"2 nodes of 8x H100, NDR 400G IB, degraded, {algo}", "all_reduce",
+                        "H100", 2, 8, "IB-NDR", 8,
+                        list(zip((16 * MIB, 128 * MIB, 1 * GIB, 8 * GIB), values)),
+                        source=_I290 + f" ({where})", role="unhealthy", algorithm=algo,
+                        provenance=FULL_TABLE, fabric="InfiniBand",
+                        stated="2 H100 nodes, NDR IB, Quantum-2 switches, CX-7 NICs; 'performance "
+                               "degradation'" + ("; NCCL_ALGO=RING" if algo == "ring" else ""),
+                        inferred="NICs per node (8, from the 8 HCAs listed); that it is "
+                                 "unhealthy (the maintainer's 46-48 GB/s per NIC)")],
+    # NCCL issue 2409 (2026-09-14), the summary table as filed, and after the platform fix alone.
+    *[PublishedRow(f"2 nodes of 8x H100, 8x 400G RoCE, as filed (nccl#2409) {op}", op, "H100", 2,
+                   8, "Ethernet-400G", 8, size, value, "auto", "unhealthy", "nccl-tests",
+                   _I2409 + " (issue body, Summary)", provenance=USER_STATEMENT, fabric="RoCE",
+                   nccl_version="2.31.2", stated=_UNHEALTHY_2409, inferred="")
+      for op, size, value in (("all_reduce", 1 * GIB, 216.5), ("all_reduce", 8 * GIB, 231.0),
+                              ("all_gather", 256 * MIB, 101.0),
+                              ("reduce_scatter", 256 * MIB, 100.0),
+                              ("all_to_all", 256 * MIB, 25.0))],
+    PublishedRow("2 nodes of 8x H100, 8x 400G RoCE, platform fixed, SPLIT_DATA_ON_QPS=1",
+                 "all_reduce", "H100", 2, 8, "Ethernet-400G", 8, 1 * GIB, 358.0, "auto",
+                 "unhealthy", "nccl-tests", _I2409 + " (comment of 2026-09-15, 'Resolved')",
+                 provenance=USER_STATEMENT, fabric="RoCE", nccl_version="2.31.2",
+                 stated="as filed but iommu=pt and ACS cleared; NCCL_IB_SPLIT_DATA_ON_QPS=1 still "
+                        "set, which the thread then finds halves RoCE bandwidth",
+                 inferred=""),
+]
 
 
 def rows(role: str | None = None) -> list[PublishedRow]:
