@@ -128,7 +128,10 @@ def transformer_layer_activation_bytes(seq_len: int, micro_batch: int, hidden: i
       outside the split layers (10) stay replicated;
     * with sequence parallelism too: ``s b h (34/t + 5 a s / (h t))``, everything split ``t`` ways;
     * ``recompute="selective"`` drops the ``5 a s / h`` attention term (recomputed in the
-      backward pass); ``recompute="full"`` keeps only the layer's input, ``2 s b h`` (``/ t``
+      backward pass). A FlashAttention kernel never stores the scores and recomputes them
+      blockwise in its backward pass (it keeps only ``O(s)`` softmax statistics per head), so
+      this is also the memory of a layer with FlashAttention, the default since 2022-23;
+      ``recompute="full"`` keeps only the layer's input, ``2 s b h`` (``/ t``
       with sequence parallelism).
 
     Args:
