@@ -119,3 +119,23 @@ def test_existing_fields_keep_their_meaning():
                         row.nics_per_node, row.size_bytes, row.busbw_gbps, row.algorithm,
                         row.role, row.tool, row.source)
     assert nccl_tests.PublishedRow._fields[13] == "intra_node_link_bytes_per_s"
+
+
+def test_multi_node_infiniband_hopper_tables_and_unhealthy_examples():
+    tables = {r.system for r in nccl_tests.rows_in(fabric="InfiniBand",
+                                                    provenance=nccl_tests.FULL_TABLE)
+              if r.gpu in ("H100", "H200") and r.n_nodes > 1}
+    assert len(tables) >= 4
+    assert {r.regime[0] for r in nccl_tests.rows_in(fabric="InfiniBand") if r.gpu == "H100"} \
+        >= {"2 nodes", ">2 nodes"}
+    unhealthy = nccl_tests.rows("unhealthy")
+    assert unhealthy and all(r.role == "unhealthy" for r in unhealthy)
+    assert not set(unhealthy) & set(nccl_tests.rows())
+
+
+def test_uncovered_regimes_are_the_complement_of_the_covered_ones():
+    covered = set(nccl_tests.regimes())
+    uncovered = nccl_tests.uncovered_regimes()
+    assert not covered & set(uncovered)
+    assert ("1 node", "NVLink", "all_reduce") not in uncovered
+    assert all(nodes != "1 node" or fabric == "NVLink" for nodes, fabric, _ in uncovered)

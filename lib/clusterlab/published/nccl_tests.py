@@ -489,3 +489,13 @@ def regimes(role: str | None = None) -> dict[tuple[str, str, str], int]:
     for row in rows(role):
         counts[row.regime] = counts.get(row.regime, 0) + 1
     return dict(sorted(counts.items()))
+
+
+def uncovered_regimes(role: str | None = None) -> list[tuple[str, str, str]]:
+    """The regimes that exist (NVLink on one node; every scale-out fabric on 2 and >2 nodes)
+    and have no row of ``role`` (None: no healthy row), in a stable order."""
+    covered = set(regimes(role))
+    possible = [("1 node", "NVLink", family) for family in OP_FAMILIES]
+    possible += [(nodes, fabric, family) for nodes in NODE_CLASSES[1:]
+                 for fabric in FABRICS[1:] for family in OP_FAMILIES]
+    return [regime for regime in possible if regime not in covered]
