@@ -130,12 +130,13 @@ def _speeds(table: dict, compcap: int) -> tuple[float, ...]:
 
 
 def _search(speeds, cap_per_gpu: float, per_channel_max: float, *, max_channels: int,
-            path_total: float = math.inf) -> tuple[int, float]:
+            nics: int = 0, nic_gbps: float = 0.0) -> tuple[int, float]:
     """Channels and per-channel speed the search settles on (search.cc:1155-1232).
 
     It starts from the fastest speed no single path exceeds, finds as many channels as the
     links carry, and tries slower speeds while they are more than .49 of the best found,
-    keeping the most bandwidth in total (first found on a tie).
+    keeping the most bandwidth in total (first found on a tie). Across nodes each NIC carries
+    as many channels as fit in its bandwidth at that speed.
     """
     best = (0, 0.0)
     for speed in speeds:
@@ -143,7 +144,10 @@ def _search(speeds, cap_per_gpu: float, per_channel_max: float, *, max_channels:
             continue
         if best[0] and speed / best[1] <= .49:
             break
-        channels = min(max_channels, int(min(cap_per_gpu, path_total) / speed + 1e-9))
+        channels = max_channels if math.isinf(cap_per_gpu) else min(
+            max_channels, int(cap_per_gpu / speed + 1e-9))
+        if nics:
+            channels = min(channels, nics * int(nic_gbps / speed + 1e-9))
         if channels * speed > best[0] * best[1]:
             best = (channels, speed)
     if not best[0]:
@@ -201,7 +205,7 @@ def graphs(*, compcap: int, n_nodes: int, gpus_per_node: int, intra_gbps: float,
     # carries (g-1)/g of the channels; the NICs carry each channel once.
     cap = intra_gbps * g / (g - 1) if g > 1 else math.inf
     channels, speed = _search(speeds, cap, path, max_channels=_MAX_CHANNELS,
-                              path_total=nics_per_node * nic_gbps)
+                              nics=nics_per_node, nic_gbps=nic_gbps)
     channels, speed = _dup(channels, speed, compcap)
     ring_graph = Graph(channels, speed, speed)
     # Trees (and CollNet) raise bwIntra up to twice bwInter while the node's links carry it
