@@ -14,11 +14,11 @@ Conventions follow nccl-tests (``doc/PERFORMANCE.md``):
 * ``algbw = nbytes / time``; ``busbw = algbw * busbw_factor(op, n)``. With the ring algorithm and
   no latency, busbw equals the link bandwidth, which is why nccl-tests reports it.
 
-Across nodes, :func:`cluster_collective` is the one model of how NCCL runs a collective
-(channels per NIC, NVLink and network pipelined, NVLS, trees, LL/LL128/Simple), validated
-against published nccl-tests rows (:func:`validation_table`); the planner, the chapters and
-``python -m clusterlab expect`` use it. The alpha-beta functions above it teach the algorithms
-on one level of links.
+Across nodes, :func:`cluster_collective` is the one model of how NCCL runs a collective: NCCL
+2.30.7's own tuning model (:mod:`clusterlab._nccl`: rings, trees, NVLS, NVLS-tree, CollNet, PAT;
+LL/LL128/Simple), validated against published nccl-tests rows by regime
+(:func:`validation_by_regime`); the planner, the chapters and ``python -m clusterlab expect``
+use it. The alpha-beta functions above it teach the algorithms on one level of links.
 
 References:
     Thakur, Rabenseifner & Gropp, "Optimization of Collective Communication Operations in
