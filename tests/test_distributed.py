@@ -277,9 +277,14 @@ def test_a_missing_process_times_out_with_a_clear_error():
 
 
 def test_a_device_count_mismatch_is_a_clear_error():
+    # Every process says it, with the fix, once: process 0 (the coordination service's host)
+    # waits until all have printed it before it exits, which would end the others at once.
     result = distributed.run(f"{MULTIHOST}:collectives_check", processes=2,
                              devices_per_process=[2, 1], check=False)
-    assert result.returncode == 1
-    for output in result.outputs:
-        assert ("DeviceCountMismatchError: The processes have different numbers of devices "
-                "(process 0: 2, process 1: 1)") in output
+    assert result.returncode == 1, result.failure
+    for rank, output in enumerate(result.outputs):
+        line = (f"clusterlab.distributed: process {rank} of 2: DeviceCountMismatchError: The "
+                "processes have different numbers of devices (process 0: 2, process 1: 1). A "
+                "(hosts, devices) mesh needs the same count everywhere: start every process "
+                "with the same devices_per_process")
+        assert output.count(line) == 1, output

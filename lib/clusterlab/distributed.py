@@ -255,9 +255,11 @@ def _use_loopback_gloo() -> None:
 
 def _fail_fast_excepthook(kind, value, tb) -> None:
     # Print the error and end now: a normal exit would wait in JAX's shutdown barrier for the
-    # other processes, which may themselves wait for this one inside a collective.
-    traceback.print_exception(kind, value, tb)
-    rank = _STATE.get("env").process_id if _STATE.get("env") else "?"
+    # other processes, which may themselves wait for this one inside a collective. An error this
+    # process already printed (see _say_before_anyone_exits) is not printed twice.
+    if not getattr(value, "already_printed", False):
+        traceback.print_exception(kind, value, tb)
+    rank = _STATE.get("process_id", "?")
     print(f"clusterlab.distributed: process {rank} failed; ending it now so that the others "
           "stop too.", file=sys.stderr, flush=True)
     sys.stdout.flush()
@@ -317,6 +319,8 @@ def init(*, coordinator_address: str | None = None, num_processes: int | None = 
                           else (30 if cluster.is_loopback else 300))
     heartbeat_timeout_s = _checks.count("heartbeat_timeout_s", heartbeat_timeout_s)
     init_timeout_s = _checks.count("init_timeout_s", init_timeout_s)
+    _STATE.update(process_id=cluster.process_id, num_processes=cluster.num_processes,
+                  init_timeout_s=init_timeout_s)
     if cluster.devices_per_process is not None:
         jax.config.update("jax_num_cpu_devices", cluster.devices_per_process)
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
@@ -376,14 +380,37 @@ def devices_by_process() -> dict[int, list]:
     return groups
 
 
+def _say_before_anyone_exits(error: DistributedError, barrier_id: str) -> None:
+    # For an error that every process raises at the same point (they all see the same global
+    # topology): print it here, then wait until every process has printed it too. Process 0
+    # hosts JAX's coordination service; when it exits, the others' error poll ends them at
+    # once (SIGABRT, a C++ stack trace), and under load that came before they had printed
+    # anything, or even before they had read the topology. Seen on a loaded 2-core machine.
+    print(f"clusterlab.distributed: process {_STATE.get('process_id', '?')} of "
+          f"{_STATE.get('num_processes', '?')}: {type(error).__name__}: {error}",
+          file=sys.stderr, flush=True)
+    error.already_printed = True
+    from jax._src import distributed as jax_distributed
+
+    client = jax_distributed.global_state.client
+    if client is None:
+        return
+    try:
+        client.wait_at_barrier(barrier_id, 1000 * _STATE.get("init_timeout_s", 30))
+    except Exception:  # a peer that never comes: the error is raised all the same
+        pass
+
+
 def _check_device_counts() -> None:
     counts = {p: len(ds) for p, ds in devices_by_process().items()}
     if len(set(counts.values())) > 1:
         listing = ", ".join(f"process {p}: {c}" for p, c in sorted(counts.items()))
-        raise DeviceCountMismatchError(
+        error = DeviceCountMismatchError(
             f"The processes have different numbers of devices ({listing}). A (hosts, devices) "
             "mesh needs the same count everywhere: start every process with the same "
             "devices_per_process (on GPUs, the same number of visible GPUs per host).")
+        _say_before_anyone_exits(error, "clusterlab_device_count_mismatch")
+        raise error
 
 
 def host_mesh(axis_names: Sequence[str] = ("hosts", "devices")):
