@@ -280,3 +280,133 @@ def _exactly_equal(answer, expected) -> bool:
         a, e = np.asarray(answer), np.asarray(expected)
         return a.shape == e.shape and bool(np.all(a == e))
     return _as_comparable(answer) == _as_comparable(expected)
+
+
+# --- Tolerances for float32 comparisons, per backend -----------------------------------------
+#
+# A lab compares a sharded computation with one device's. In float32 the two differ by rounding
+# only, because a sum split into partial sums is added in another order; how large that
+# rounding is depends on how the backend computes a float32 matmul. JAX leans toward speed:
+# by default a float32 dot runs in float32 on CPUs, in TensorFloat32 (inputs rounded to a 10-bit
+# mantissa, unit roundoff 2**-11 = 4.9e-4) on NVIDIA GPUs from Ampere on, and in one bfloat16
+# pass (8-bit mantissa, 2**-8 = 3.9e-3) on TPUs (JAX's "Matmul precision" docs; jax issue
+# #18934). A tolerance that holds on a CPU (1e-5) then fails on an H100 although nothing is
+# wrong, and one loose enough for TF32 everywhere may let a bug through.
+#
+# So the labs do both things in one place: `fp32_matmuls()` pins float32 matmuls to full
+# float32 ("highest") around a check, and `fp32_rtol()` derives the tolerance from the
+# precision the backend will actually use, which inside the pin is float32 everywhere. The
+# injected bugs of the labs' negative controls (a sum for a mean, a missing all-reduce, a
+# reordered schedule, a dropped cache update) differ by 0.2 to 7 relative, above even the
+# loosest tolerance below; tests/test_fp32_tolerance.py holds them to it.
+
+# Relative tolerance of one pass (gradients, logits, losses) compared across summation orders,
+# by how float32 matmuls are computed: about 10-100 unit roundoffs of the matmul inputs, and
+# for float32 ten times the largest difference the labs measure (1.1e-6).
+FP32_RTOL: dict[str, float] = {
+    "float32": 1e-5,          # true float32 (24-bit mantissa): CPUs, or pinned to "highest"
+    "bfloat16_3x": 1e-4,      # TPU "high": three bfloat16 passes, about 16 mantissa bits
+    "tensorfloat32": 5e-3,    # NVIDIA tensor cores, 10-bit mantissa: ten unit roundoffs
+    "bfloat16": 5e-2,         # one bfloat16 pass, 8-bit mantissa: ten unit roundoffs
+}
+# Parameters after Adam steps: Adam divides each gradient by its running size, so an element
+# whose gradient is near zero moves by up to the learning rate on a rounding-level change
+# (lab 03 measures 4.2e-5 after 6 steps in float32). Only full float32 keeps that small; under
+# TF32 or bfloat16 a wrong gradient scale would hide in it, so there is no such tolerance.
+FP32_TRAINED_RTOL = 1e-3
+
+# jax_default_matmul_precision's values for float32 inputs, as each platform computes them.
+_PRECISION_BY_SETTING = {
+    "gpu": {None: "tensorfloat32", "default": "tensorfloat32", "high": "tensorfloat32",
+            "tensorfloat32": "tensorfloat32", "TF32_TF32_F32": "tensorfloat32",
+            "bfloat16": "bfloat16", "BF16_BF16_F32": "bfloat16",
+            "BF16_BF16_F32_X3": "bfloat16_3x"},
+    "tpu": {None: "bfloat16", "default": "bfloat16", "bfloat16": "bfloat16",
+            "BF16_BF16_F32": "bfloat16", "high": "bfloat16_3x", "tensorfloat32": "bfloat16_3x",
+            "BF16_BF16_F32_X3": "bfloat16_3x"},
+}
+_FULL_FP32_SETTINGS = ("highest", "float32", "F32_F32_F32", "BF16_BF16_F32_X6",
+                       "BF16_BF16_F32_X9", "TF32_TF32_F32_X3")
+
+
+def matmul_precision(*, platform: str | None = None, setting: str | None = ...) -> str:
+    """How a float32 matmul is computed: ``"float32"``, ``"tensorfloat32"``, ``"bfloat16_3x"``
+    or ``"bfloat16"``.
+
+    Args:
+        platform: ``"cpu"``, ``"gpu"`` (``"cuda"``, ``"rocm"``) or ``"tpu"``; default JAX's
+            default backend.
+        setting: a value of ``jax_default_matmul_precision`` (``None`` is JAX's default);
+            default the current one, as :func:`fp32_matmuls` or ``jax.default_matmul_precision``
+            set it.
+
+    XLA:CPU computes float32 dots in float32 whatever the setting. On GPUs the default and
+    ``"high"`` mean TF32 (on Ampere and later; a V100 has no TF32 and computes float32, so this
+    errs on the safe side there); on TPUs the default is one bfloat16 pass.
+
+    Raises:
+        ValueError: for a platform or a setting this table does not know (a float8 or float16
+            algorithm is not a float32 precision).
+    """
+    import jax  # the exercise checks above must not need JAX
+
+    if setting is ...:
+        setting = jax.config.jax_default_matmul_precision
+    platform = (platform or jax.default_backend()).lower()
+    platform = {"cuda": "gpu", "rocm": "gpu"}.get(platform, platform)
+    if platform not in ("cpu", "gpu", "tpu"):
+        raise ValueError(f"matmul_precision knows the platforms cpu, gpu and tpu; got "
+                         f"{platform!r}.")
+    if platform == "cpu" or setting in _FULL_FP32_SETTINGS:
+        return "float32"
+    try:
+        return _PRECISION_BY_SETTING[platform][setting]
+    except KeyError:
+        raise ValueError(f"jax_default_matmul_precision={setting!r} is not a float32 matmul "
+                         f"precision this course compares at; use check.fp32_matmuls() to pin "
+                         f"'highest'.") from None
+
+
+def fp32_rtol(*, trained: bool = False, platform: str | None = None,
+              setting: str | None = ...) -> float:
+    """The relative tolerance for comparing a sharded float32 result with one device's.
+
+    Args:
+        trained: the values compared are parameters after optimizer (Adam) steps, which
+            amplify rounding (see ``FP32_TRAINED_RTOL``); else one pass: gradients, logits,
+            losses.
+        platform, setting: as in :func:`matmul_precision`; default the current backend and
+            ``jax_default_matmul_precision``.
+
+    Returns:
+        ``FP32_RTOL`` of the matmul precision in force: 1e-5 in float32 (any CPU; any backend
+        inside :func:`fp32_matmuls`), 5e-3 in TF32 (a GPU at JAX's default), 5e-2 in bfloat16
+        (a TPU at JAX's default); with ``trained``, ``FP32_TRAINED_RTOL`` (1e-3).
+
+    Raises:
+        ValueError: with ``trained`` where matmuls are not full float32: pin them with
+            :func:`fp32_matmuls` first.
+    """
+    precision = matmul_precision(platform=platform, setting=setting)
+    if not trained:
+        return FP32_RTOL[precision]
+    if precision != "float32":
+        raise ValueError(f"Parameters after Adam steps can only be compared in full float32, "
+                         f"and float32 matmuls here run in {precision}: run the comparison "
+                         "inside `with check.fp32_matmuls():`.")
+    return FP32_TRAINED_RTOL
+
+
+def fp32_matmuls():
+    """A context manager that computes float32 matmuls in full float32 on every backend.
+
+    ``with check.fp32_matmuls(): ...`` is ``jax.default_matmul_precision("highest")``: programs
+    traced inside it (the setting is part of jit's cache key, so a jitted function called
+    inside it is traced anew) round no matmul input to TF32 or bfloat16. Labs run a check's
+    reference *and* the computation under test inside it, so the check holds at
+    :func:`fp32_rtol`'s float32 tolerance on GPUs as on CPUs; timings run outside it, at JAX's
+    default speed.
+    """
+    import jax
+
+    return jax.default_matmul_precision("highest")
