@@ -98,6 +98,10 @@ def test_bench_rejects_an_unknown_op():
                                                           "choice: 'tree'"),
     (["bench", "all_reduce", "--devices", "four"], "argument --devices: invalid int value"),
     (["benchmark"], "invalid choice: 'benchmark'"),
+    (["expect", "all_reduce", "--gpu", "H100", "--nodes", "2", "--fabric", "Infiniband"],
+     "argument --fabric: invalid choice: 'Infiniband'"),
+    (["expect", "all_reduce", "--gpu", "H100", "--nodes", "1", "--algorithm", "nvlstree"],
+     "argument --algorithm: invalid choice: 'nvlstree'"),
     ([], "the following arguments are required: command"),
 ])
 def test_argument_errors_exit_2(argv, message, capsys):

@@ -7,18 +7,19 @@ and ``python -m clusterlab grade SUBMISSION.ipynb --key keys``.
 simulated CPU devices when there are not enough. ``plan`` prints the planner's ranking of
 parallel layouts for a workload on a cluster (:mod:`clusterlab.plan`); it runs no JAX.
 ``expect`` prints the bus bandwidth :func:`clusterlab.costmodel.cluster_collective` expects per
-message size, and with ``--measured`` holds an nccl-tests output against it; it runs no JAX. ``grade`` runs submitted lab
-notebooks and grades every exercise from the instructor's key (:mod:`clusterlab.grading`).
+message size, with a band set by the model's measured error in that regime, and with
+``--measured`` holds an nccl-tests output (text or ``-J`` JSON) against it
+(:mod:`clusterlab.expect`); it runs no JAX. ``grade`` runs submitted lab notebooks and grades
+every exercise from the instructor's key (:mod:`clusterlab.grading`).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import re
 import sys
 
 from clusterlab import collectives
+from clusterlab.expect import expect_rows, parse_nccl_tests  # noqa: F401  (chapter 4 uses them)
 
 
 def _size(text: str) -> int:
@@ -70,19 +71,22 @@ def _grade_parser(commands) -> None:
                        help="longest run of one cell, seconds (600)")
 
 
-EXPECT_OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")
-
-
 def _expect_parser(commands) -> None:
+    from clusterlab import costmodel
+    from clusterlab.expect import OPS
+
     expect = commands.add_parser(
         "expect", help="expected nccl-tests busbw for a cluster; judge a measured log",
         description="Print the bus bandwidth (nccl-tests' busbw, GB/s) that "
-                    "clusterlab.costmodel.cluster_collective expects per message size, with a "
-                    "low-high band and the algorithm NCCL would pick. With --measured, read an "
-                    "nccl-tests *_perf output (its out-of-place busbw column) and give a "
-                    "verdict per size: normal, low (with likely causes) or high (above line "
-                    "rate: in-network reduction).")
-    expect.add_argument("op", choices=EXPECT_OPS)
+                    "clusterlab.costmodel.cluster_collective (NCCL's own tuning model) expects "
+                    "per message size, with the band's floor and the algorithm NCCL would pick. "
+                    "The floor is the model's measured error in that regime (nodes, fabric, "
+                    "op, size class) over published nccl-tests rows; where a regime has too "
+                    "few rows the expectation is unvalidated and every verdict says so. With "
+                    "--measured, read an nccl-tests *_perf output (text, or its -J JSON file) "
+                    "and give a verdict per size: normal, low (with likely causes) or high "
+                    "(above line rate: in-network reduction).")
+    expect.add_argument("op", choices=OPS)
     expect.add_argument("--gpu", required=True, help="GPU name in clusterlab.hardware, e.g. H100")
     expect.add_argument("--nodes", type=int, required=True, help="nodes")
     expect.add_argument("--gpus-per-node", type=int, default=8, help="GPUs per node (8)")
@@ -90,101 +94,21 @@ def _expect_parser(commands) -> None:
                         help="NIC link in clusterlab.hardware.LINKS (IB-NDR when --nodes > 1)")
     expect.add_argument("--nics-per-node", type=int, default=None,
                         help="NICs per node NCCL uses (one per GPU)")
+    expect.add_argument("--fabric", choices=costmodel.FABRICS, default=None,
+                        help="the network's kind, for the regime whose error sets the band "
+                             "(default: InfiniBand for IB-* NICs, else Ethernet; NVLink on one "
+                             "node, PCIe with a PCIe --node-link)")
+    expect.add_argument("--node-link", default=None,
+                        help="link between the GPUs of a node in clusterlab.hardware.LINKS "
+                             "(default: the GPU's NVLink), e.g. PCIe4x16")
+    expect.add_argument("--algorithm", default="auto",
+                        choices=("auto", *costmodel.CLUSTER_ALGORITHMS),
+                        help="the algorithm the run forced (NCCL_ALGO), or auto: NCCL's choice")
     expect.add_argument("--sizes", default="1M,8M,64M,512M,4G",
                         help="increasing sizes, powers of 1024 (1M,8M,64M,512M,4G)")
-    expect.add_argument("--measured", help="an nccl-tests *_perf output file to judge")
+    expect.add_argument("--measured", help="an nccl-tests *_perf output to judge: its text "
+                                           "output, or its -J JSON file ('-': standard input)")
     expect.add_argument("--json", action="store_true", help="print JSON instead of a table")
-
-
-_TAG = re.compile(r"\[\d+(?:,\d+)?\](?:<stdout>:)?")
-_NUMBER = re.compile(r"^-?[\d_]+(?:\.\d*)?(?:e[-+]?\d+)?$|^N/A$", re.IGNORECASE)
-
-
-def parse_nccl_tests(text: str) -> list[tuple[int, float]]:
-    """``(size_bytes, out-of-place busbw in GB/s)`` for each data row of an nccl-tests output.
-
-    Reads the table printed by any ``*_perf`` binary of nccl-tests: header lines start with
-    ``#``; each data row is ``size count type [redop] [root] time algbw busbw #wrong`` for the
-    out-of-place run, then the same four columns for the in-place run, so the out-of-place
-    busbw is the sixth column from the end. Tags that mpirun adds (``[0]``, ``[1,0]<stdout>:``)
-    and thousands separators (``1_048_576``) are removed; a table whose header names only
-    ``size time algbw busbw`` columns (a trimmed copy) is read by the header's column.
-
-    Args:
-        text: the whole output.
-
-    Returns:
-        The rows in file order; empty when the text holds no nccl-tests table.
-    """
-    rows, header = [], None
-    for raw in text.splitlines():
-        line = _TAG.sub(" ", raw).strip()
-        tokens = line.lstrip("#").split()
-        if "busbw" in tokens and "size" in tokens:
-            header = tokens
-            continue
-        if not tokens or line.startswith("#") or not tokens[0].replace("_", "").isdigit():
-            continue
-        if header is not None and len(tokens) == len(header):
-            value = tokens[header.index("busbw")]
-        elif len(tokens) >= 10:
-            value = tokens[-6]
-        else:
-            continue
-        try:
-            rows.append((int(tokens[0].replace("_", "")), float(value)))
-        except ValueError:
-            continue
-    return rows
-
-
-def _low_causes(n_nodes: int) -> str:
-    if n_nodes == 1:
-        return ("NVLink/NVSwitch degraded (nvidia-smi nvlink --status, fabric manager), NVLS "
-                "off (NCCL_NVLS_ENABLE=0), P2P disabled (NCCL_P2P_DISABLE/NCCL_P2P_LEVEL), "
-                "PCIe switch sharing")
-    return ("fewer NICs used than installed or a wrong HCA list (NCCL_IB_HCA; see the "
-            "NCCL INFO NET/IB line), no GPUDirect RDMA (nvidia-peermem not loaded), NICs "
-            "behind a shared PCIe switch or the CPU, NVLS/SHARP off (NCCL_NVLS_ENABLE, "
-            "NCCL_COLLNET_ENABLE)")
-
-
-def expect_rows(op: str, gpu: str, nodes: int, gpus_per_node: int, nic: str | None,
-                nics_per_node: int | None, sizes: list[int],
-                measured: dict[int, float] | None = None) -> list[dict]:
-    """The rows of ``expect``: the JSON schema of ``--json``, one dict per size.
-
-    Keys: size_bytes, expected_busbw_gbps, low_gbps, high_gbps, algorithm (with protocol),
-    measured_busbw_gbps and verdict (both None without a measurement). Verdict ``normal``
-    within the band, ``low`` below it (with likely causes), ``high`` above ``high_gbps``, the
-    line rate of the links a ring would use (only in-network reduction gets there).
-    """
-    from clusterlab import costmodel
-
-    if nodes > 1 and nic is None:
-        nic = "IB-NDR"
-    out = []
-    for size in sizes:
-        est = costmodel.cluster_collective(op, size, gpu=gpu, n_nodes=nodes,
-                                           gpus_per_node=gpus_per_node, nic=nic,
-                                           nics_per_node=nics_per_node)
-        row = {"size_bytes": int(size), "expected_busbw_gbps": round(est.busbw / 1e9, 2),
-               "low_gbps": round(est.low_busbw / 1e9, 2),
-               "high_gbps": round(est.high_busbw / 1e9, 2),
-               "algorithm": f"{est.algorithm}/{est.protocol}",
-               "measured_busbw_gbps": None, "verdict": None}
-        if measured is not None and size in measured:
-            value = measured[size]
-            row["measured_busbw_gbps"] = value
-            if value < row["low_gbps"]:
-                row["verdict"] = "low: " + _low_causes(nodes)
-            elif value > row["high_gbps"]:
-                row["verdict"] = ("high: above line rate, in-network reduction (NVLS, SHARP) or "
-                                  "a tree on 2 nodes")
-            else:
-                row["verdict"] = "normal"
-        out.append(row)
-    return out
 
 
 def _sizes(text: str) -> list[int]:
@@ -200,11 +124,38 @@ def _sizes(text: str) -> list[int]:
     return sizes
 
 
+def _fabric_options(args: argparse.Namespace) -> None:
+    """Refuse a --fabric that the configuration cannot cross, naming the fix."""
+    if args.fabric is None:
+        return
+    one_node = args.fabric in ("NVLink", "PCIe")
+    if args.nodes == 1 and not one_node:
+        raise ValueError(f"--fabric {args.fabric} is a network between nodes; one node crosses "
+                         "NVLink or PCIe (give --fabric NVLink, or --nodes > 1).")
+    if args.nodes > 1 and one_node:
+        raise ValueError(f"--fabric {args.fabric} is a link inside a node; {args.nodes} nodes "
+                         "cross InfiniBand, RoCE, EFA or Ethernet.")
+    pcie = (args.node_link or "").startswith("PCIe")
+    if args.fabric == "PCIe" and not pcie:
+        raise ValueError("--fabric PCIe needs the PCIe link the GPUs share: give --node-link "
+                         "PCIe4x16 (or PCIe5x16).")
+    if args.fabric == "NVLink" and pcie:
+        raise ValueError(f"--node-link {args.node_link} is PCIe; give --fabric PCIe.")
+    if args.fabric == "InfiniBand" and args.nic and not args.nic.startswith("IB-"):
+        raise ValueError(f"--nic {args.nic} is not an InfiniBand port; give an IB-* --nic "
+                         "(e.g. IB-NDR) or the --fabric it is (RoCE, EFA, Ethernet).")
+    if args.fabric in ("RoCE", "EFA", "Ethernet") and args.nodes > 1 and not (
+            args.nic or "").startswith("Ethernet-"):
+        raise ValueError(f"--fabric {args.fabric} runs on Ethernet ports: give --nic "
+                         "Ethernet-400G (or Ethernet-100G/200G/800G) and --nics-per-node.")
+
+
 def _expect(args: argparse.Namespace) -> None:
-    from clusterlab import hardware
+    from clusterlab import expect, hardware
 
     for flag, value, lookup in (("--gpu", args.gpu, hardware.gpu),
-                                ("--nic", args.nic, hardware.link)):
+                                ("--nic", args.nic, hardware.link),
+                                ("--node-link", args.node_link, hardware.link)):
         if value is not None:
             try:
                 lookup(value)
@@ -212,46 +163,35 @@ def _expect(args: argparse.Namespace) -> None:
                 raise ValueError(f"{flag} {value}: {error} Use one of these names.") from None
     if args.nodes < 1 or args.gpus_per_node < 1:
         raise ValueError("--nodes and --gpus-per-node must be positive integers.")
-    measured = None
+    _fabric_options(args)
+    measurement = None
     if args.measured:
+        name = "standard input" if args.measured == "-" else args.measured
         try:
-            with open(args.measured, encoding="utf-8", errors="replace") as handle:
-                text = handle.read()
+            if args.measured == "-":
+                text = sys.stdin.read()
+            else:
+                with open(args.measured, encoding="utf-8", errors="replace") as handle:
+                    text = handle.read()
         except OSError as error:
             raise ValueError(f"Cannot read {args.measured}: {error.strerror}; give the path of "
                              "a file holding an nccl-tests output (e.g. all_reduce_perf ... > "
-                             "log).") from None
-        named = re.search(r"\b(all_reduce|all_gather|reduce_scatter|alltoall)_perf\b", text)
-        if named and named.group(1).replace("alltoall", "all_to_all") != args.op:
-            found = named.group(1).replace("alltoall", "all_to_all")
-            raise ValueError(f"{args.measured} is an {named.group(1)}_perf output; judge it with "
-                             f"'expect {found}', not '{args.op}'.")
-        parsed = parse_nccl_tests(text)
-        if not parsed:
-            raise ValueError(f"{args.measured} holds no nccl-tests table (rows of size, count, "
-                             "type, ..., time, algbw, busbw); give the output of an nccl-tests "
-                             "*_perf binary.")
-        measured = dict(parsed)
-        sizes = sorted(measured)
+                             "log, or all_reduce_perf -J log.json).") from None
+        measurement = expect.read_measurement(text, name=name)
+        expect.check_measurement(measurement, args.op, gpu=hardware.gpu(args.gpu).name,
+                                 nodes=args.nodes, gpus_per_node=args.gpus_per_node, name=name)
+        sizes = [size for size, _ in measurement.rows]
     else:
         sizes = _sizes(args.sizes)
-    rows = expect_rows(args.op, args.gpu, args.nodes, args.gpus_per_node, args.nic,
-                       args.nics_per_node, sizes, measured)
-    if args.json:
-        print(json.dumps({"rows": rows}, indent=1))
-        return
-    net = ("" if args.nodes == 1 else
-           f", {args.nics_per_node or args.gpus_per_node} x {args.nic or 'IB-NDR'} per node")
-    print(f"# expected {args.op} on {args.nodes} x {args.gpus_per_node} {args.gpu}{net} "
-          "(clusterlab.costmodel.cluster_collective); busbw in GB/s")
-    print(f"#{'size (B)':>13} {'algorithm':>14} {'expected':>9} {'low':>8} {'high':>8} "
-          f"{'measured':>9}  verdict")
-    for row in rows:
-        measured_text = ("" if row["measured_busbw_gbps"] is None
-                         else f"{row['measured_busbw_gbps']:.2f}")
-        print(f"{row['size_bytes']:>14} {row['algorithm']:>14} "
-              f"{row['expected_busbw_gbps']:9.2f} {row['low_gbps']:8.2f} "
-              f"{row['high_gbps']:8.2f} {measured_text:>9}  {row['verdict'] or ''}")
+    rows = expect.verdicts(args.op, sizes, gpu=args.gpu, nodes=args.nodes,
+                           gpus_per_node=args.gpus_per_node, nic=args.nic,
+                           nics_per_node=args.nics_per_node, fabric=args.fabric,
+                           node_link=args.node_link, algorithm=args.algorithm,
+                           measured=None if measurement is None else dict(measurement.rows))
+    print(expect.report(rows, args.op, gpu=args.gpu, nodes=args.nodes,
+                        gpus_per_node=args.gpus_per_node, nic=args.nic,
+                        nics_per_node=args.nics_per_node, algorithm=args.algorithm,
+                        measurement=measurement, as_json=args.json))
 
 
 def _plan_parser(commands) -> None:
