@@ -18,6 +18,28 @@ def test_step_splits_compute_and_exposed_communication():
     assert step.mfu == pytest.approx(6 * 3e9 * 2**22 / (compute_s + 0.05) / (256 * 989e12))
 
 
+def test_overlap_hides_at_most_the_backward_pass():
+    # Gradients exist only as the backward pass produces them, so their all-reduce can hide
+    # behind the backward pass (2/3 of the compute: 4 N B of 6 N B) and nothing else. Chapter
+    # 08's cluster B: 7B on 512 H100 at 50%, a 2.386 s all-reduce against 0.696 s of compute.
+    compute_s = 6 * 7e9 * 2**22 / (512 * 989e12 * 0.5)
+    backward_s = 2 / 3 * compute_s                                   # 0.464 s
+    for overlap in (0.19, 0.5, 1.0):
+        step = plan.data_parallel_step(7e9, 2**22, 512, H100, compute_efficiency=0.5,
+                                       all_reduce_s=2.386, overlap=overlap)
+        hidden = min(overlap * 2.386, backward_s)
+        assert step.communication_s == pytest.approx(2.386 - hidden)
+    # beyond eta = t_bwd / t_AR (0.19) more overlap hides nothing: the step stays 2.62 s
+    assert step.step_s == pytest.approx(compute_s + 2.386 - backward_s)
+    assert step.step_s == pytest.approx(2.618, abs=0.001)
+    # below the cap the old (1 - eta) t_AR still holds
+    short = plan.data_parallel_step(7e9, 2**22, 512, H100, compute_efficiency=0.5,
+                                    all_reduce_s=0.1, overlap=0.75)
+    assert short.communication_s == pytest.approx(0.025)
+    assert plan.hidden_all_reduce_s(2.0, 0.5, 0.3) == 0.3
+    assert plan.hidden_all_reduce_s(2.0, 0.1, 0.3) == pytest.approx(0.2)
+
+
 def test_without_communication_mfu_is_the_compute_efficiency():
     step = plan.data_parallel_step(1e9, 1e6, 8, H100, compute_efficiency=0.4, all_reduce_s=0.0)
     assert step.mfu == pytest.approx(0.4)
@@ -85,12 +107,22 @@ def test_predict_by_hand_data_parallel_only():
     # One model behind it: cluster_collective on 2 nodes of 8 H100 with 8 NDR NICs each.
     expected = costmodel.cluster_collective("all_reduce", grad_bytes, gpu="H100", n_nodes=2,
                                             nic="IB-NDR", nics_per_node=8)
-    assert expected.algorithm == "ring"
+    # NCCL 2.30.7 runs NVLS-tree here, not a ring: on two nodes it doubles NVLS-tree's network
+    # bandwidth (tuning.cc "Handle 2 node case of NVLSTree"), so 8 channels (one per NIC, 48
+    # GB/s each as NCCL's search counts a 400G NIC) reach the per-channel NVLS-tree cap of
+    # Hopper on 2 nodes, 57.7 GB/s: busbw 8 x 57.7 = 462 GB/s, above the NICs' 400 GB/s line
+    # rate, which no ring could pass (the forced ring gets 8 x 48 = 384 at most).
+    assert (expected.algorithm, expected.protocol) == ("nvls_tree", "Simple")
+    ring = costmodel.cluster_collective("all_reduce", grad_bytes, gpu="H100", n_nodes=2,
+                                        nic="IB-NDR", nics_per_node=8, algorithm="ring")
+    assert ring.busbw < 8 * 48e9 < 8 * 50e9 < expected.busbw
     expected_dp = expected.time_s
     assert p.dp_comm_s == pytest.approx(expected_dp)
-    # By hand: a ring over 16 GPUs at min(NVLink 370, 8 NICs x 47) = 370 GB/s busbw moving
-    # 2 (n-1)/n of the buffer, plus NCCL's ring latency (under 5% here).
-    bandwidth_s = 2 * 15 / 16 * grad_bytes / (370 / 450 * 450e9)
+    assert p.dp_estimate == expected and p.dp_estimate.nccl_release == costmodel.NCCL_RELEASE
+    assert p.validated is expected.validated
+    # By hand: NVLS-tree's bus bandwidth 8 x 57.7 GB/s moving 2 (n-1)/n of the buffer, plus
+    # its latency and the launch overhead (under 5% here).
+    bandwidth_s = 2 * 15 / 16 * grad_bytes / (8 * 57.7e9)
     assert bandwidth_s < p.dp_comm_s < 1.05 * bandwidth_s
     assert p.tp_comm_s == 0 and p.bubble_s == 0
     assert p.load_s == pytest.approx(64 * 1024 * 4 / 1e9)
@@ -120,10 +152,16 @@ def test_predict_by_hand_tensor_and_pipeline():
     assert p.compute_s == pytest.approx(p.model_flops_per_step * 4 / 3 / (64 * 312e12 * 0.5))
     # bubble: (p-1)/(m+p-1) of the pipeline's time
     assert p.bubble_s / (p.compute_s + p.tp_comm_s + p.bubble_s) == pytest.approx(3 / (8 + 3))
-    # dp = 2 replicas of one stage are on different nodes (tp fills a node)
-    # (each GPU's own HDR NIC: a ring of 2 at 94% of 25 GB/s, NIC_EFFICIENCY, plus latency)
+    # dp = 2 replicas of one stage are on different nodes (tp fills a node): each GPU's own
+    # HDR NIC, a ring of 2 at the speed NCCL's search gives a 25 GB/s NIC, 24 GB/s (96%), plus
+    # NCCL's ring latency and the launch overhead (under 1% here)
+    dp = costmodel.cluster_collective("all_reduce", 2 * 8e9 / 32, gpu="A100", n_nodes=2,
+                                      gpus_per_node=1, nic="IB-HDR")
+    assert dp.algorithm == "ring" and p.dp_comm_s == pytest.approx(dp.time_s, rel=1e-9)
     assert p.dp_comm_s == pytest.approx(
-        costmodel.collective_time("all_reduce", 2 * 8e9 / 32, 2, 0.94 * 25e9), rel=0.01)
+        costmodel.collective_time("all_reduce", 2 * 8e9 / 32, 2, 24e9), rel=0.01)
+    # 2 nodes of InfiniBand, 500 MB: a regime with published rows, as the plan records
+    assert p.dp_estimate.regime == dp.regime and p.dp_estimate.validated == dp.validated
     assert p.states_bytes == pytest.approx(memory.training_memory_per_device(8e9 / 32, 2, 1))
     # full recomputation keeps each layer's input, split 8 ways (sequence parallel), for the
     # 8 layers of the first stage and the min(pp, m) = 4 micro-batches it holds at once
@@ -144,6 +182,46 @@ def test_zero3_and_overlap_scale_the_data_parallel_time():
     assert zero3.dp_comm_s == pytest.approx(1.5 * base.dp_comm_s)
     assert hidden.dp_comm_s == pytest.approx(0.25 * base.dp_comm_s)
     assert zero3.states_bytes == pytest.approx(16 * 70e9 / 8 / 128)
+
+
+def test_planner_hides_no_more_than_the_backward_pass():
+    # 7B over one 100 GbE port per node: the all-reduce outlasts the backward pass, so even
+    # dp_overlap = 1 leaves t_AR - t_bwd exposed (t_bwd = 2/3 of compute, 3/4 with recompute).
+    w = plan.Workload(7e9, 4096, 1024, n_tokens=2e12, n_layers=32, d_model=4096)
+    hw = plan.cluster("H100", 512, storage_read_bytes_per_s=1e12, fabric_link="Ethernet-100G",
+                      nics_per_node=1)
+    layout = plan.Layout(dp=512)
+    exposed = plan.predict(w, hw, layout, NO_OVERLAP)
+    full = plan.predict(w, hw, layout, replace(NO_OVERLAP, dp_overlap=1.0))
+    assert exposed.dp_comm_s > 2 / 3 * exposed.compute_s
+    assert full.dp_comm_s == pytest.approx(exposed.dp_comm_s - 2 / 3 * exposed.compute_s)
+    again = plan.predict(replace(w, recompute=True), hw, layout, replace(NO_OVERLAP,
+                                                                        dp_overlap=1.0))
+    assert again.dp_comm_s == pytest.approx(exposed.dp_comm_s - 3 / 4 * again.compute_s)
+
+
+def test_plans_say_where_the_network_model_is_unvalidated():
+    # 100 GbE between nodes: no published row in that regime, so the plan, its table row and
+    # its description say "unvalidated"; NDR InfiniBand has rows (nccl-tests#309 and others).
+    w = plan.Workload(7e9, 4096, 1024, n_tokens=2e12, n_layers=32, d_model=4096)
+    ethernet = plan.cluster("H100", 512, storage_read_bytes_per_s=1e12,
+                            fabric_link="Ethernet-100G", nics_per_node=1)
+    p = plan.predict(w, ethernet, plan.Layout(dp=512))
+    assert p.dp_estimate.regime.fabric == "Ethernet"
+    assert p.validated is False and p.network_model == "unvalidated"
+    assert p.dp_estimate.validated is costmodel.cluster_collective(
+        "all_reduce", 14e9, gpu="H100", n_nodes=64, nic="Ethernet-100G",
+        nics_per_node=1).validated is False
+    assert "unvalidated" in plan.format_plans([p]).splitlines()[1]
+    assert "unvalidated (no published rows in this regime)" in plan.describe_plan(p)
+    assert f"NCCL {costmodel.NCCL_RELEASE}" in plan.describe_plan(p)
+    ib = plan.predict(w, plan.cluster("H100", 512, storage_read_bytes_per_s=1e12),
+                      plan.Layout(dp=512))
+    assert ib.dp_estimate.regime.fabric == "InfiniBand"
+    assert ib.validated is ib.dp_estimate.validated
+    # A hand-built Hardware without a fabric_link cannot be placed in a regime: unvalidated.
+    bare = replace(ethernet, fabric_link=None, fabric_bytes_per_s=50e9)
+    assert plan.predict(w, bare, plan.Layout(dp=512)).validated is False
 
 
 def test_starved_storage_is_the_bottleneck():
@@ -243,8 +321,10 @@ def test_format_plans_has_one_row_per_plan():
     plans = plan.rank_layouts(W70, HW1024, limit=4)
     lines = plan.format_plans(plans).splitlines()
     assert lines[0].split()[:3] == ["layout", "mem", "GB"]
-    assert len(lines) == 5
+    assert len(lines) == 4 + 2               # header, 4 plans, the note on the network model
     assert lines[1].startswith(str(plans[0].layout))
+    assert lines[1].split()[-2] == plans[0].network_model       # "validated" / "unvalidated"
+    assert f"NCCL {costmodel.NCCL_RELEASE}" in lines[-1]
     assert " activations) of 72.0 GB usable" in plan.describe_plan(plans[0])
 
 
@@ -256,6 +336,17 @@ def test_cli_plan_end_to_end():
     best = plan.rank_layouts(W70, HW1024, limit=3)
     assert plan.format_plans(best) in result.stdout
     assert f"step: {best[0].step_s:.3f} s" in result.stdout
+    assert f"NCCL {costmodel.NCCL_RELEASE}" in result.stdout
+    assert ("validated" if best[0].validated else "unvalidated") in result.stdout.splitlines()[
+        -3].split()
+
+
+def test_cli_plan_prints_unvalidated_regimes():
+    result = run_python("-m", "clusterlab", "plan", "--params", "7e9", "--tokens", "2e12",
+                        "--gpu", "H100", "--gpus", "512", "--fabric", "Ethernet-100G",
+                        "--nics-per-node", "1", "--top", "2")
+    assert result.returncode == 0, result.stderr
+    assert "unvalidated" in result.stdout
 
 
 def test_cli_plan_sizes_the_cluster_and_names_errors():

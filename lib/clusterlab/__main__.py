@@ -225,7 +225,8 @@ def _plan_parser(commands) -> None:
     plan.add_argument("--efficiency", type=float, default=0.6,
                       help="fraction of peak FLOP/s while computing (0.6)")
     plan.add_argument("--overlap", type=float, default=0.5,
-                      help="hidden fraction of the data-parallel all-reduce (0.5)")
+                      help="hidden fraction of the data-parallel all-reduce, at most the "
+                           "backward pass (0.5)")
     plan.add_argument("--reserve", type=float, default=0.1,
                       help="fraction of GPU memory kept free for workspace (0.1)")
     plan.add_argument("--top", type=int, default=10, help="layouts to show (10)")

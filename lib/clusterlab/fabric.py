@@ -38,11 +38,13 @@ graph:
   :func:`clusterlab.costmodel.cluster_collective` assumes); ``clusterlab.plan.Assumptions``
   takes it as ``dp_contention_factor``.
 
-Links run at line rate times the efficiency :mod:`clusterlab.costmodel` measured from published
-nccl-tests rows (``NVLINK_EFFICIENCY`` for NVLink, ``NIC_EFFICIENCY`` for network links), so
-that without contention the model reproduces the one validated network model: see
-:func:`clusterlab.costmodel.cluster_collective` and ``tests/test_fabric.py`` for which
-configurations agree and how exactly.
+Links run at line rate times their own efficiencies (``costmodel.NVLINK_EFFICIENCY`` for
+NVLink: NCCL's 20.6 of 25 GB/s per NVLink4 link; ``costmodel.NIC_EFFICIENCY`` for network
+links: 47 of 50 GB/s measured on NDR). :func:`clusterlab.costmodel.cluster_collective` is NCCL's
+own tuning model (``costmodel.NCCL_RELEASE``), whose bandwidths are the channels times speed
+steps that NCCL's topology search finds, so without contention the two agree ring against ring
+(NCCL forced to ring) to within those efficiencies' difference (under 4%), not exactly:
+``tests/test_fabric.py`` asserts each ratio.
 
 What the model cannot show: it has no buffers, no PFC pauses, no head-of-line blocking and no
 packet loss, so under incast (many senders into one port) it is optimistic; packet-level

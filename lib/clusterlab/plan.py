@@ -35,7 +35,7 @@ References:
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from clusterlab import costmodel, flops, hardware, memory, storage
 from clusterlab._checks import count, number, positive
@@ -52,6 +52,10 @@ class StepTime:
         model_flops: FLOPs of the step (6 N B).
         n_devices: devices taking part.
         peak_flops_per_device: each device's peak FLOP/s.
+        all_reduce: the gradient all-reduce's :class:`clusterlab.costmodel.CollectiveEstimate`
+            when :func:`fabric_step` priced it (its ``validated`` flag says whether published
+            rows back that regime, ``nccl_release`` which NCCL's rules priced it); None when
+            the caller gave the time.
     """
 
     compute_s: float
@@ -59,6 +63,12 @@ class StepTime:
     model_flops: float
     n_devices: int
     peak_flops_per_device: float
+    all_reduce: costmodel.CollectiveEstimate | None = field(default=None, compare=False)
+
+    @property
+    def validated(self) -> bool | None:
+        """Whether the all-reduce's regime has published rows (None: no estimate attached)."""
+        return None if self.all_reduce is None else self.all_reduce.validated
 
     @property
     def step_s(self) -> float:
@@ -71,10 +81,34 @@ class StepTime:
                          self.peak_flops_per_device)
 
 
+#: The backward pass's share of a step's compute: 4 N B of the 6 N B FLOPs (Kaplan et al.
+#: 2020, section 2.1); with full recomputation the backward pass also recomputes the forward
+#: pass, 6 of 8 N B. Gradient reduction can only overlap the backward pass, so at most this
+#: much of the compute can hide it.
+BACKWARD_FRACTION = 2 / 3
+BACKWARD_FRACTION_RECOMPUTE = 3 / 4
+
+
+def hidden_all_reduce_s(all_reduce_s: float, overlap: float, backward_s: float) -> float:
+    """The part of an all-reduce hidden behind the backward pass: ``min(overlap t, backward)``.
+
+    The gradients of a layer exist only once its backward pass has run, so their reduction can
+    overlap at most the rest of the backward pass: however large the fraction ``overlap`` a
+    framework could hide, a step never hides more communication than ``backward_s``.
+    """
+    return min(overlap * all_reduce_s, backward_s)
+
+
 def data_parallel_step(n_params: float, tokens_per_step: float, n_devices: int, gpu: GPU, *,
                        compute_efficiency: float, all_reduce_s: float,
-                       overlap: float = 0.0) -> StepTime:
+                       overlap: float = 0.0,
+                       all_reduce: costmodel.CollectiveEstimate | None = None) -> StepTime:
     """A data-parallel step: ``6 N B / (n peak e)`` of compute plus the exposed all-reduce.
+
+    The exposed all-reduce is ``t_AR - min(overlap t_AR, t_bwd)``: the backward pass
+    (``BACKWARD_FRACTION`` of the compute) is all a gradient all-reduce can hide behind, so a
+    communication-bound step (``t_AR`` above ``t_bwd``) keeps at least ``t_AR - t_bwd`` of it
+    exposed whatever the overlap.
 
     Args:
         n_params: model parameters N.
@@ -84,7 +118,9 @@ def data_parallel_step(n_params: float, tokens_per_step: float, n_devices: int, 
         compute_efficiency: e, the fraction of peak the matrix multiplications reach.
         all_reduce_s: time of the gradient all-reduce, e.g. from
             :func:`clusterlab.costmodel.all_reduce_time` (the one model across nodes).
-        overlap: the fraction of the all-reduce hidden behind the backward pass, in [0, 1].
+        overlap: the fraction of the all-reduce the framework would hide behind the backward
+            pass, in [0, 1], capped at the backward pass's time.
+        all_reduce: the estimate ``all_reduce_s`` came from, carried into the result.
 
     Returns:
         The :class:`StepTime`.
@@ -98,8 +134,10 @@ def data_parallel_step(n_params: float, tokens_per_step: float, n_devices: int, 
                          f"{overlap}.")
     model_flops = flops.training_flops(n_params, tokens_per_step)
     compute_s = model_flops / (n_devices * gpu.bf16_flops * efficiency)
-    exposed_s = (1 - overlap) * positive("all_reduce_s", all_reduce_s, allow_zero=True)
-    return StepTime(compute_s, exposed_s, model_flops, n_devices, gpu.bf16_flops)
+    all_reduce_s = positive("all_reduce_s", all_reduce_s, allow_zero=True)
+    exposed_s = all_reduce_s - hidden_all_reduce_s(all_reduce_s, overlap,
+                                                   BACKWARD_FRACTION * compute_s)
+    return StepTime(compute_s, exposed_s, model_flops, n_devices, gpu.bf16_flops, all_reduce)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -219,6 +257,10 @@ class Hardware:
     intra_node_latency_s: float = 0.0     # kept for callers; all-reduces use NCCL's latencies
     fabric_latency_s: float = 0.0         # (costmodel.cluster_collective), not these
     name: str = ""                        # a label for tables
+    #: The NIC's name in hardware.LINKS (e.g. "IB-NDR"): which fabric the data-parallel
+    #: all-reduce crosses, for the validation regime of its estimate; None: unknown (the
+    #: estimate is then reported unvalidated).
+    fabric_link: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.gpu, GPU):
@@ -266,7 +308,8 @@ def cluster(gpu: str, n_gpus: int, *, storage_read_bytes_per_s: float, gpus_per_
     nics = per_node if nics_per_node is None else count("nics_per_node", nics_per_node)
     fabric = hardware.link(fabric_link).bytes_per_s * nics / per_node
     return Hardware(spec, n_gpus, per_node, intra, fabric, storage_read_bytes_per_s,
-                    name=name or f"{n_gpus} x {spec.name}, {fabric_link}")
+                    name=name or f"{n_gpus} x {spec.name}, {fabric_link}",
+                    fabric_link=hardware.link(fabric_link).name)
 
 
 @dataclass(frozen=True)
@@ -310,7 +353,8 @@ class Assumptions:
     """
 
     compute_efficiency: float = 0.6   # fraction of peak FLOP/s the kernels reach while computing
-    dp_overlap: float = 0.5           # fraction of the data-parallel all-reduce hidden (backward)
+    dp_overlap: float = 0.5           # fraction of the data-parallel all-reduce hidden, at most
+    #                                   the backward pass's time (hidden_all_reduce_s)
     activation_reserve: float = 0.1   # fraction of GPU memory kept free (workspace, fragments)
     #: Multiplies the data-parallel all-reduce when it crosses the fabric (>= 1; 1: a
     #: non-blocking fabric without collisions, as cluster_collective assumes). Take it from
@@ -327,10 +371,12 @@ class Assumptions:
         if efficiency > 1:
             raise ValueError(f"compute_efficiency is a fraction of peak, at most 1; got "
                              f"{efficiency}.")
-        for name in ("dp_overlap", "activation_reserve"):
-            value = number(name, getattr(self, name))
-            if not 0 <= value < 1 or (name == "dp_overlap" and value > 1):
-                raise ValueError(f"{name} is a fraction in [0, 1); got {value}.")
+        overlap = number("dp_overlap", self.dp_overlap)
+        if not 0 <= overlap <= 1:
+            raise ValueError(f"dp_overlap is a fraction in [0, 1]; got {overlap}.")
+        reserve = number("activation_reserve", self.activation_reserve)
+        if not 0 <= reserve < 1:
+            raise ValueError(f"activation_reserve is a fraction in [0, 1); got {reserve}.")
 
 
 @dataclass(frozen=True)
@@ -358,6 +404,22 @@ class Plan:
     data_wait_s: float           # waiting for storage beyond the rest of the step
     load_s: float                # storage time for one step's tokens (prefetched)
     model_flops_per_step: float  # tokens_per_step * flops_per_token (no recomputation)
+    #: cluster_collective's estimates of one data-parallel all-reduce (the gradients, before
+    #: ZeRO-3's factor, contention and overlap) and of one tensor-parallel all-reduce; None
+    #: where there is none. Their ``validated`` flags say whether published rows back them.
+    dp_estimate: costmodel.CollectiveEstimate | None = field(default=None, compare=False)
+    tp_estimate: costmodel.CollectiveEstimate | None = field(default=None, compare=False)
+
+    @property
+    def validated(self) -> bool:
+        """Whether every all-reduce the plan prices lies in a regime with published rows
+        (``costmodel.validation_by_regime``); False: some of its network time is unvalidated."""
+        return all(e.validated for e in (self.dp_estimate, self.tp_estimate) if e is not None)
+
+    @property
+    def network_model(self) -> str:
+        """"validated" or "unvalidated", for tables: see :attr:`validated`."""
+        return "validated" if self.validated else "unvalidated"
 
     @property
     def step_s(self) -> float:
@@ -424,6 +486,33 @@ class Plan:
                 "storage": "storage"}[largest]
 
 
+def dp_all_reduce(nbytes: float, local: int, nodes: int,
+                  hw: Hardware) -> costmodel.CollectiveEstimate | None:
+    """:func:`clusterlab.costmodel.cluster_collective`'s estimate of the data-parallel
+    all-reduce (see :func:`dp_all_reduce_s`), with its regime and ``validated`` flag; None for
+    a group of one GPU. The regime's fabric comes from ``hw.fabric_link``; without it the
+    estimate is marked unvalidated."""
+    if local * nodes == 1:
+        return None
+    where = None if nodes == 1 or hw.fabric_link is None else costmodel.fabric_of(
+        hw.fabric_link, nodes)
+    estimate = costmodel.cluster_collective(
+        "all_reduce", nbytes, gpu=hw.gpu, n_nodes=nodes, gpus_per_node=local,
+        intra_node_bytes_per_s=hw.intra_node_bytes_per_s,
+        network_bytes_per_s=(hw.fabric_bytes_per_s * local if nodes > 1 else None),
+        fabric=where)
+    if (nodes > 1 and hw.fabric_link is None) or not _nccl_knows(hw.gpu):
+        estimate = replace(estimate, validated=False)
+    return estimate
+
+
+def _nccl_knows(gpu: GPU) -> bool:
+    """Whether ``gpu`` is one of the catalog's GPUs, whose NCCL rules and published rows the
+    network model has; another accelerator (a TPU in the validation tests) is priced as if NCCL
+    ran on it, which nothing validates."""
+    return hardware.GPUS.get(gpu.name.upper()) == gpu or gpu in hardware.GPUS.values()
+
+
 def dp_all_reduce_s(nbytes: float, local: int, nodes: int, hw: Hardware) -> float:
     """Seconds of the data-parallel all-reduce of ``nbytes`` per GPU on the cluster ``hw``.
 
@@ -442,12 +531,8 @@ def dp_all_reduce_s(nbytes: float, local: int, nodes: int, hw: Hardware) -> floa
     Returns:
         Seconds; 0 for a group of one GPU.
     """
-    if local * nodes == 1:
-        return 0.0
-    return costmodel.all_reduce_time(
-        nbytes, gpu=hw.gpu, n_nodes=nodes, gpus_per_node=local,
-        intra_node_bytes_per_s=hw.intra_node_bytes_per_s,
-        network_bytes_per_s=(hw.fabric_bytes_per_s * local if nodes > 1 else None))
+    estimate = dp_all_reduce(nbytes, local, nodes, hw)
+    return 0.0 if estimate is None else estimate.time_s
 
 
 def _dp_placement(layout: Layout, hw: Hardware) -> tuple[int, int]:
@@ -502,8 +587,9 @@ def predict(workload: Workload, hw: Hardware, layout: Layout,
       ``(p-1)/(v m + p - 1)`` of the pipeline's time;
     * data parallel: :func:`dp_all_reduce_s` (:func:`clusterlab.costmodel.cluster_collective`)
       of the GPU's BF16 gradients, x 1.5 for ZeRO-3 (its extra parameter all-gather), x
-      ``dp_contention_factor`` when the group spans nodes, of which ``1 - dp_overlap`` is
-      exposed;
+      ``dp_contention_factor`` when the group spans nodes, of which
+      ``min(dp_overlap t, t_bwd)`` is hidden (:func:`hidden_all_reduce_s`; ``t_bwd``: the
+      backward pass, ``BACKWARD_FRACTION`` of the compute, 3/4 with recomputation);
     * storage: the step's ``tokens * bytes_per_token`` at the storage's read throughput,
       prefetched: only the excess over the rest of the step is waited for.
 
@@ -541,16 +627,18 @@ def predict(workload: Workload, hw: Hardware, layout: Layout,
     hardware_flops = model_flops * (4 / 3 if workload.recompute else 1.0)
     compute_s = hardware_flops / (hw.n_gpus * gpu.bf16_flops * assumptions.compute_efficiency)
 
-    tp_s = 0.0
+    tp_s, tp_estimate, dp_estimate = 0.0, None, None
     if layout.tp > 1:
         # act: bf16[micro_batch, seq_len, d_model], one all-reduce of a layer
         act_bytes = layout.micro_batch * workload.seq_len * d_model * BYTES_PER_VALUE
         per_layer = (TP_ALL_REDUCES_PER_LAYER_RECOMPUTE if workload.recompute
                      else TP_ALL_REDUCES_PER_LAYER)
-        one_s = costmodel.all_reduce_time(act_bytes, gpu=gpu, n_nodes=1,
-                                          gpus_per_node=layout.tp,
-                                          intra_node_bytes_per_s=hw.intra_node_bytes_per_s)
-        tp_s = m * (n_layers / layout.pp) * per_layer * one_s
+        tp_estimate = costmodel.cluster_collective(
+            "all_reduce", act_bytes, gpu=gpu, n_nodes=1, gpus_per_node=layout.tp,
+            intra_node_bytes_per_s=hw.intra_node_bytes_per_s)
+        if not _nccl_knows(gpu):
+            tp_estimate = replace(tp_estimate, validated=False)
+        tp_s = m * (n_layers / layout.pp) * per_layer * tp_estimate.time_s
 
     pp_s = 0.0
     if layout.pp > 1:
@@ -569,11 +657,14 @@ def predict(workload: Workload, hw: Hardware, layout: Layout,
     if layout.dp > 1:
         grad_bytes = params_per_gpu * BYTES_PER_VALUE
         local, nodes = _dp_placement(layout, hw)
-        all_reduce_s = dp_all_reduce_s(grad_bytes, local, nodes, hw)
+        dp_estimate = dp_all_reduce(grad_bytes, local, nodes, hw)
+        all_reduce_s = dp_estimate.time_s
         if nodes > 1:     # the fabric's contention (fabric.contention_factor)
             all_reduce_s *= assumptions.dp_contention_factor
         dp_s = (1.5 if layout.zero_stage == 3 else 1.0) * all_reduce_s
-        dp_s *= 1 - assumptions.dp_overlap
+        backward_s = compute_s * (BACKWARD_FRACTION_RECOMPUTE if workload.recompute
+                                  else BACKWARD_FRACTION)
+        dp_s -= hidden_all_reduce_s(dp_s, assumptions.dp_overlap, backward_s)
 
     load_s = storage.load_time_s(workload.tokens_per_step * workload.bytes_per_token,
                                  hw.storage_read_bytes_per_s)
@@ -581,7 +672,7 @@ def predict(workload: Workload, hw: Hardware, layout: Layout,
     wait_s = max(0.0, load_s - rest_s)
     return Plan(workload, hw, layout, assumptions, states_bytes + activation_bytes, limit_bytes,
                 states_bytes, activation_bytes, compute_s, tp_s,
-                pp_s, bubble_s, dp_s, wait_s, load_s, model_flops)
+                pp_s, bubble_s, dp_s, wait_s, load_s, model_flops, dp_estimate, tp_estimate)
 
 
 def _divisors(n: int) -> list[int]:
@@ -690,14 +781,20 @@ def gpus_needed(workload: Workload, hw: Hardware, assumptions: Assumptions = Ass
 def format_plans(plans: list[Plan]) -> str:
     """A fixed-width table of plans: layout, memory, step parts, MFU, days, bottleneck."""
     header = (f"{'layout':<24} {'mem GB':>7} {'compute':>8} {'tp':>7} {'pp':>7} {'bubble':>7} "
-              f"{'dp':>7} {'data':>7} {'step s':>8} {'MFU':>6} {'days':>7}  bottleneck")
+              f"{'dp':>7} {'data':>7} {'step s':>8} {'MFU':>6} {'days':>7}  {'network model':<13}  "
+              f"bottleneck")
     lines = [header]
     for p in plans:
         days = p.time_to_train_s / 86400 if p.time_to_train_s is not None else float("nan")
         lines.append(
             f"{str(p.layout):<24} {p.memory_bytes / 1e9:7.1f} {p.compute_s:8.3f} "
             f"{p.tp_comm_s:7.3f} {p.pp_comm_s:7.3f} {p.bubble_s:7.3f} {p.dp_comm_s:7.3f} {p.data_wait_s:7.3f} "
-            f"{p.step_s:8.3f} {100 * p.mfu:5.1f}% {days:7.1f}  {p.bottleneck}")
+            f"{p.step_s:8.3f} {100 * p.mfu:5.1f}% {days:7.1f}  {p.network_model:<13}  "
+            f"{p.bottleneck}")
+    release = costmodel.NCCL_RELEASE
+    lines.append(f"# all-reduces priced by NCCL {release}'s tuning model "
+                 f"(costmodel.cluster_collective); 'unvalidated': no published rows in that "
+                 f"regime (costmodel.validation_by_regime)")
     return "\n".join(lines)
 
 
@@ -717,6 +814,15 @@ def describe_plan(plan: Plan) -> str:
         f"activations) of {plan.memory_limit_bytes / 1e9:.1f} GB usable",
         f"step: {plan.step_s:.3f} s; MFU {100 * plan.mfu:.1f}%; bottleneck: {plan.bottleneck}",
     ]
+    for label, estimate in (("data-parallel", plan.dp_estimate),
+                            ("tensor-parallel", plan.tp_estimate)):
+        if estimate is not None:
+            lines.append(
+                f"{label} all-reduce: {estimate.algorithm}/{estimate.protocol} as NCCL "
+                f"{estimate.nccl_release} would run it, {estimate.busbw / 1e9:.0f} GB/s busbw; "
+                f"regime {estimate.regime}: "
+                + ("validated against published rows" if estimate.validated else
+                   "unvalidated (no published rows in this regime)"))
     if plan.time_to_train_s is not None:
         lines.append(f"time to train {w.n_tokens:.3g} tokens: "
                      f"{plan.time_to_train_s / 86400:.1f} days")
@@ -807,12 +913,15 @@ def fabric_step(job: DataParallelJob, cluster: FabricCluster, *, overlap: float 
     Args:
         job: the workload.
         cluster: the GPUs and NICs.
-        overlap: the fraction of the all-reduce hidden behind the backward pass, in [0, 1].
+        overlap: the fraction of the all-reduce hidden behind the backward pass, in [0, 1],
+            capped at the backward pass's time (:func:`data_parallel_step`).
         network_bytes_per_s: replaces the node's NICs by this line rate per node (bytes/s per
             direction), e.g. to sweep the fabric; None: ``cluster.nic x cluster.nics_per_node``.
 
     Returns:
-        The :class:`StepTime`; ``job.steps * step.step_s`` is the time to train.
+        The :class:`StepTime`; ``job.steps * step.step_s`` is the time to train;
+        ``step.all_reduce`` is the estimate (``step.validated``: whether published rows back
+        its regime).
     """
     if not isinstance(job, DataParallelJob) or not isinstance(cluster, FabricCluster):
         raise ValueError("fabric_step(job, cluster) takes a plan.DataParallelJob and a "
@@ -821,13 +930,16 @@ def fabric_step(job: DataParallelJob, cluster: FabricCluster, *, overlap: float 
                else {"network_bytes_per_s": positive("network_bytes_per_s", network_bytes_per_s)})
     if not network and cluster.n_nodes > 1:
         network = {"nic": cluster.nic, "nics_per_node": cluster.nics_per_node}
-    all_reduce_s = costmodel.all_reduce_time(job.gradient_bytes, gpu=cluster.gpu,
-                                             n_nodes=cluster.n_nodes,
-                                             gpus_per_node=cluster.gpus_per_node, **network)
+    if "network_bytes_per_s" in network:
+        network["fabric"] = costmodel.fabric_of(cluster.nic, cluster.n_nodes)
+    estimate = costmodel.cluster_collective("all_reduce", job.gradient_bytes, gpu=cluster.gpu,
+                                            n_nodes=cluster.n_nodes,
+                                            gpus_per_node=cluster.gpus_per_node, **network)
     return data_parallel_step(job.n_params, job.tokens_per_step, cluster.n_gpus,
                               hardware.gpu(cluster.gpu),
                               compute_efficiency=job.compute_efficiency,
-                              all_reduce_s=all_reduce_s, overlap=overlap)
+                              all_reduce_s=estimate.time_s, overlap=overlap,
+                              all_reduce=estimate)
 
 
 def network_to_match(job: DataParallelJob, cluster: FabricCluster, step_s: float, *,
