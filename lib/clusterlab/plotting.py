@@ -270,3 +270,88 @@ def zero_memory_bars(n_params: float, dp: int, ax: Axes | None = None, *,
                  fontsize=10)
     ax.legend()
     return ax
+
+
+def collectives_before_after(p: int = 4) -> plt.Figure:
+    """What each of ``p`` devices holds before and after each of the seven collectives.
+
+    One panel per collective (all-reduce, reduce-scatter, all-gather, all-to-all, broadcast,
+    reduce, send/recv): a row of chunks per device before and after, device ``d``'s input in
+    its own colour and cut into ``p`` chunks (``a_0 .. a_{p-1}`` for device 0, ``b`` for device
+    1, ...), a reduced chunk ``Σ_k`` in grey; a dotted outline is a buffer that receives no
+    result. The grey line under each name says where the collective appears in training.
+
+    Args:
+        p: devices, 2 to 4 (one letter each: a, b, c, d).
+
+    Returns:
+        The figure (4 x 2 panels; the last one is the legend).
+    """
+    p = _checks.count("p", p)
+    if not 2 <= p <= 4:
+        raise ValueError(f"p must be 2 to 4 (one letter per device), got {p}.")
+    letters = "abcd"
+    colours = plt.get_cmap("tab10").colors[:p]
+    sum_colour = "0.35"
+
+    def chunk(device, k):
+        return (f"${letters[device]}_{k}$", colours[device])
+
+    def total(k):
+        return (f"$\\Sigma_{k}$", sum_colour)
+
+    def whole(device):
+        return (f"${letters[device]}$", colours[device])
+
+    inputs = [[chunk(d, k) for k in range(p)] for d in range(p)]
+    nothing = [[] for _ in range(p)]
+    collectives = {  # name: (where in training, before, after), a list of cells per device
+        "all-reduce": ("data-parallel gradients", inputs, [[total(k) for k in range(p)]] * p),
+        "reduce-scatter": ("ZeRO/FSDP gradients", inputs, [[total(d)] for d in range(p)]),
+        "all-gather": ("ZeRO/FSDP parameters", [[whole(d)] for d in range(p)],
+                       [[whole(k) for k in range(p)]] * p),
+        "all-to-all": ("expert-parallel token routing", inputs,
+                       [[chunk(k, d) for k in range(p)] for d in range(p)]),
+        "broadcast (root 0)": ("initial weights from one rank", [inputs[0]] + nothing[1:],
+                               [inputs[0]] * p),
+        "reduce (root 0)": ("a metric summed on one rank", inputs,
+                            [[total(k) for k in range(p)]] + nothing[1:]),
+        "send/recv (0 → 1)": ("pipeline activations", [inputs[0]] + nothing[1:],
+                              [[], inputs[0]] + nothing[2:]),
+    }
+
+    def draw(ax, x0, buffers, title):
+        for d, cells in enumerate(buffers):
+            y = p - 1 - d
+            ax.text(x0 - 0.15, y + 0.4, f"GPU{d}", ha="right", va="center", fontsize=8)
+            ax.add_patch(Rectangle((x0, y), p, 0.8, fill=False, ec="0.75", lw=0.8, ls=":"))
+            for k, (label, colour) in enumerate(cells):
+                ax.add_patch(Rectangle((x0 + k, y), 1, 0.8, fc=colour, ec="white", lw=1.5,
+                                       alpha=0.9))
+                ax.text(x0 + k + 0.5, y + 0.4, label, ha="center", va="center", color="white",
+                        fontsize=10)
+        ax.text(x0 + p / 2, p + 0.05, title, ha="center", va="bottom", fontsize=8, color="0.3")
+
+    fig, axes = plt.subplots(4, 2, figsize=(9.5, 11))
+    for ax, (name, (use, before, after)) in zip(axes.flat, collectives.items()):
+        draw(ax, 0.0, before, "before")
+        ax.annotate("", xy=(p + 1.55, p / 2), xytext=(p + 0.25, p / 2),
+                    arrowprops={"arrowstyle": "-|>", "color": "0.3", "lw": 1.5})
+        draw(ax, p + 2.2, after, "after")
+        ax.text(-1.0, p + 1.25, name, fontsize=11, fontweight="bold")
+        ax.text(-1.0, p + 0.75, use, fontsize=9, color="0.4")
+        ax.set_xlim(-1.0, 2 * p + 2.3)
+        ax.set_ylim(-0.2, p + 1.5)
+        ax.set_aspect("equal")
+        ax.axis("off")
+    legend_ax = axes.flat[-1]
+    legend_ax.axis("off")
+    devices = ", ".join(f"{letters[d]}: GPU{d}" for d in range(1, p))
+    sums = " + ".join(f"{letters[d]}_k" for d in range(p))
+    legend_ax.text(0.0, 0.8, f"$a_k$: chunk $k$ of GPU0's input\n({devices})\n"
+                   f"$\\Sigma_k = {sums}$\n"
+                   "$a$: GPU0's whole input (all-gather)\n"
+                   "dotted outline: no result there", transform=legend_ax.transAxes, va="top",
+                   fontsize=10, linespacing=1.8)
+    fig.tight_layout()
+    return fig
