@@ -994,9 +994,20 @@ def _all_to_all(nbytes, fabric: _Fabric, topo, n_nodes, gpus_per_node):
 
 
 def _high_busbw(op, algorithm, fabric: _Fabric, n_nodes, n) -> float:
+    """The line-rate busbw of the links ``algorithm`` loads.
+
+    A ring's busbw cannot pass the slower of its links. NVLS reduces in the switch, so its
+    algbw (not busbw) is bound by NVLink. On two nodes a tree, NVLS-tree or CollNet sends each
+    node's buffer across the network once each way, so its algbw is bound by all of a node's
+    NICs together (and NVLink): busbw can reach ``2(n-1)/n`` times that.
+    """
     line = fabric.intra_line if n_nodes == 1 else min(fabric.intra_line, fabric.net_line)
+    factor = busbw_factor("all_reduce", n)
     if algorithm == "nvls":
-        return busbw_factor("all_reduce", n) * fabric.intra_line
+        return factor * fabric.intra_line
+    if op == "all_reduce" and (n_nodes == 2 and algorithm in ("tree", "nvls_tree")
+                               or algorithm.startswith("collnet")):
+        return factor * min(fabric.intra_line, fabric.net_line)
     return line
 
 
