@@ -798,13 +798,15 @@ def fit_two_level(intra_nbytes: Sequence[float], intra_s: Sequence[float],
 
 #: The NCCL release whose tuning rules cluster_collective follows.
 NCCL_RELEASE = _nccl.RELEASE
-#: Achievable fraction of line rate of one NVLink and one NIC, used by the flow model
-#: (clusterlab.fabric) and the planner's line-rate arithmetic, not by cluster_collective: NCCL
-#: counts an NVLink4 link as 20.6 of its 25 GB/s (topo.h SM90_NVLINK_BW; S. Jeaugey, nccl-tests
-#: issue 212: "NCCL can get an effective NVLink bandwidth of 370GB/s" of 450) and one NDR NIC
-#: reaches 46-48 of 50 GB/s (D. Addison, nccl-tests issue 290).
+#: Achievable fraction of line rate of one NVLink and one NIC, as NCCL 2.30.7 counts them, for
+#: the flow model (clusterlab.fabric) and line-rate arithmetic: an NVLink4 link is 20.6 of its
+#: 25 GB/s (topo.h SM90_NVLINK_BW; S. Jeaugey, nccl-tests issue 212: "NCCL can get an effective
+#: NVLink bandwidth of 370GB/s" of 450), and NCCL's search runs a 400 Gb/s NIC's channel at
+#: 48 of its 50 GB/s (search.cc sm90SpeedArrayInter; 24 of 25 for 200 Gb/s, 12 of 12.5 for
+#: 100 Gb/s; D. Addison, nccl-tests issue 290: "you should see 46-48GB/s per NIC"), so the flow
+#: model's uncontended ring equals cluster_collective's.
 NVLINK_EFFICIENCY = _nccl.NVLINK_BW_PER_LINK[90] / 25.0
-NIC_EFFICIENCY = 47.0 / 50.0
+NIC_EFFICIENCY = 48.0 / 50.0
 #: Fixed cost of one collective call that NCCL's model leaves out (kernel launch, the
 #: benchmark's synchronisation), in seconds: fitted to the 8x H200 sweep of stas00's
 #: all_reduce_bench.py (a PyTorch benchmark, not nccl-tests) at <= 16 MiB, the rows with role
