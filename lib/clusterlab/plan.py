@@ -496,11 +496,20 @@ def dp_all_reduce(nbytes: float, local: int, nodes: int,
         return None
     where = None if nodes == 1 or hw.fabric_link is None else costmodel.fabric_of(
         hw.fabric_link, nodes)
+    network = {}
+    if nodes > 1:
+        # NCCL's search sees the group's real NICs (one 100G port is one channel path at 12
+        # GB/s, not eight NICs of 1.56); only a fractional share falls back to a rate.
+        nics = None
+        if hw.fabric_link is not None:
+            share = (hw.fabric_bytes_per_s * local
+                     / hardware.link(hw.fabric_link).bytes_per_s)
+            nics = round(share) if abs(share - round(share)) < 1e-9 and share >= 1 else None
+        network = ({"nic": hw.fabric_link, "nics_per_node": nics} if nics else
+                   {"network_bytes_per_s": hw.fabric_bytes_per_s * local})
     estimate = costmodel.cluster_collective(
         "all_reduce", nbytes, gpu=hw.gpu, n_nodes=nodes, gpus_per_node=local,
-        intra_node_bytes_per_s=hw.intra_node_bytes_per_s,
-        network_bytes_per_s=(hw.fabric_bytes_per_s * local if nodes > 1 else None),
-        fabric=where)
+        intra_node_bytes_per_s=hw.intra_node_bytes_per_s, fabric=where, **network)
     if (nodes > 1 and hw.fabric_link is None) or not _nccl_knows(hw.gpu):
         estimate = replace(estimate, validated=False)
     return estimate
