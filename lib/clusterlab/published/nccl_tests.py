@@ -396,6 +396,101 @@ ROWS += [
 ]
 
 
+# --- All-to-all and multi-node all-gather (full tables) ---------------------------------------
+# OCI's GB300 quick start (oracle-quickstart/oci-gpu-quickstarts, nvidia/GB300/README-GB300.md at
+# commit 2631bee), section "NCCL All-to-All": full alltoall_perf tables, -b 512K -e 16G -f 2 -g 1
+# -n 50, NCCL 2.28.7+cuda13.0, on BM.GPU.GB300.4 hosts (4 GB300 each; the doc's hardware table:
+# "RDMA (ROCe) NICs 8 x 400 Gbps"), launched with NCCL_MNNVL_ENABLE=1. A GB300 NVL72 rack is one
+# NVLink domain of up to 18 such hosts; NCCL's multi-node NVLink (MNNVL) runs hosts of one rack
+# over NVLink only, so the rows inside one rack are recorded as one NVLink "node" of 8 or 64 GPUs,
+# and the 2-rack run as 2 "nodes" (racks) of 64 GPUs joined by RoCE.
+_OCI_GB300 = ("https://github.com/oracle-quickstart/oci-gpu-quickstarts/blob/"
+              "2631bee55a3a373b013bd62a0e56ce70d921ff3e/nvidia/GB300/README-GB300.md")
+_OCI_GB300_STATED = ("OCI BM.GPU.GB300.4 (4x GB300 per host, 8x 400 Gb/s RoCE NICs per host), "
+                     "alltoall_perf -b 512K -e 16G -f 2 -g 1 -n 50, NCCL 2.28.7, "
+                     "NCCL_MNNVL_ENABLE=1")
+_SIZES_5 = (1 * MIB, 16 * MIB, 128 * MIB, 1 * GIB)
+for _label, _gpus, _where, _busbw, _inferred in (
+        ("1 host (4x GB300)", 4, "NCCL All-to-All Single Node",
+         [46.92, 268.80, 459.81, 553.75, 627.69], ""),
+        ("2 hosts of 4x GB300 in one NVL72 rack (MNNVL)", 8,
+         "NCCL All to All Scale Performance 2 Hosts Single Rack",
+         [52.76, 290.88, 515.87, 630.39, 685.06],
+         "the 2 hosts of one rack as one NVLink node of 8 GPUs (MNNVL: one NVLink domain)"),
+        ("16 hosts of 4x GB300 in one NVL72 rack (MNNVL)", 64,
+         "NCCL All to All Scale Performance 16 Hosts 1 Rack",
+         [33.33, 130.27, 497.18, 651.23, 666.92],
+         "the 16 hosts of one rack as one NVLink node of 64 GPUs (MNNVL: one NVLink domain)")):
+    ROWS += _table(f"OCI GB300, {_label}, all-to-all", "all_to_all", "GB300", 1, _gpus, None, 0,
+                   list(zip((*_SIZES_5, 16 * GIB), _busbw)),
+                   source=_OCI_GB300 + f" (section {_where})", provenance=FULL_TABLE,
+                   fabric="NVLink", nccl_version="2.28.7",
+                   stated=f"{_label}; " + _OCI_GB300_STATED, inferred=_inferred)
+ROWS += _table("OCI GB300, 32 hosts in 2 NVL72 racks, RoCE between racks, all-to-all",
+               "all_to_all", "GB300", 2, 64, "Ethernet-400G", 128,
+               list(zip((*_SIZES_5, 16 * GIB), [2.06, 22.05, 44.71, 47.68, 47.67])),
+               source=_OCI_GB300 + " (section NCCL All to All Scale Performance 32 Hosts 2 "
+                                   "Racks)",
+               provenance=FULL_TABLE, fabric="RoCE", nccl_version="2.28.7",
+               stated="32 hosts in 2 racks (128 ranks); " + _OCI_GB300_STATED,
+               inferred="each rack (16 hosts, 64 GPUs, MNNVL) as one node and its 16 x 8 = 128 "
+                        "RoCE NICs as that node's NICs; that the racks talk over the RoCE NICs")
+
+# nccl#2169 (erfiboy, 2026-05-11, a question: alltoall busbw drops ~12-15% just above 512 MB),
+# comment with "NCCL v2.30.4": one node of 4 H100 80GB HBM3, alltoall_perf -b 500M -e 524M -g 1
+# -n 10 -w 1 (NCCL_ALGO=Ring NCCL_PROTO=Simple set), nccl-tests 2.17.8, nccl-library=23004. The
+# sweep steps by 1 MiB (step: 1048576(bytes)), so its first size is 524288000 bytes (500 MiB),
+# not a power of two; only that row (below the drop the thread asks about) is recorded.
+_I2169 = "https://github.com/NVIDIA/nccl/issues/2169"
+ROWS.append(PublishedRow("4x H100 (one node), NVLink4, all-to-all (nccl#2169)", "all_to_all",
+                         "H100", 1, 4, None, 0, 500 * MIB, 334.90, "auto", "test", "nccl-tests",
+                         _I2169 + " (comment of erfiboy, 'NCCL v2.30.4', first row)",
+                         provenance=FULL_TABLE, fabric="NVLink", nccl_version="2.30.4",
+                         stated="one node, 4x H100 80GB HBM3, alltoall_perf -b 500M -e 524M -g 1 "
+                                "-n 10 -w 1, NCCL_ALGO=Ring NCCL_PROTO=Simple, NCCL 2.30.4; "
+                                "first size of a 1 MiB-step sweep",
+                         inferred=""))
+
+# SkyPilot, examples/gcp_gpu_direct_tcpx/README.md, section "GPUDirect-RDMA on A3-ultragpu-8g
+# (H200)": "a 2-node cluster with 16x H200 GPUs (8 per node)" on GKE, all_gather_perf -b 1K -e 8G
+# -f 2, 16 ranks; the first table is SkyPilot's run (NCCL version not printed), the second "raw
+# NCCL test pods from GCP documentation" (NCCL 2.26.6+cuda12.8). The README calls them matching
+# "Google's official benchmarks". Neither states the NICs: a3-ultragpu-8g has 8 RDMA NICs
+# (GPUDirect-RDMA, RoCE) of 400 Gb/s, from Google's machine description, not this source.
+_SKYPILOT = ("https://github.com/skypilot-org/skypilot/blob/master/examples/gcp_gpu_direct_tcpx/"
+             "README.md")
+for _label, _where, _version, _busbw in (
+        ("SkyPilot run", "section GPUDirect-RDMA on A3-ultragpu-8g (H200), SkyPilot run", None,
+         [16.82, 135.41, 251.88, 322.23, 325.72]),
+        ("GCP test pods", "section Comparing with raw NCCL test pods from GCP documentation",
+         "2.26.6", [17.97, 133.76, 254.87, 321.93, 325.52])):
+    ROWS += _table(f"2 nodes of 8x H200 (GCP a3-ultragpu-8g), GPUDirect-RDMA, {_label}",
+                   "all_gather", "H200", 2, 8, "Ethernet-400G", 8,
+                   list(zip((*_SIZES_5, 8 * GIB), _busbw)), source=_SKYPILOT + f" ({_where})",
+                   provenance=FULL_TABLE, fabric="RoCE", nccl_version=_version,
+                   stated="GKE a3-ultragpu-8g, 2 nodes x 8 H200, GPUDirect-RDMA, all_gather_perf "
+                          "-b 1K -e 8G -f 2, 16 ranks"
+                          + (", NCCL 2.26.6" if _version else ""),
+                   inferred="NICs (8 x 400 Gb/s RoCE per node: not stated in the source)")
+
+# Google Cloud docs, "Run NCCL on custom GKE clusters that use A4X Max", section "Test on two
+# nodes" (page last updated 2026-04-06): output of all_gather_perf (the command shown says
+# "-t alltoall", the output's header "Collective test starting: all_gather_perf"; its count column
+# is all-gather's), 2 nodes x 4 GB300, nccl-library=22809 (2.28.9), -b 4K -e 16G -f 2, "If Pods
+# are scheduled on nodes in distinct NVLink domains, this test represents cross-domain RDMA
+# throughput, as shown in the provided output." "The output is similar to the following".
+_GCP_A4X_MAX = "https://docs.cloud.google.com/ai-hypercomputer/docs/nccl/test-gke-custom-a4x-max"
+ROWS += _table("2 nodes of 4x GB300 (GCP A4X Max), distinct NVLink domains, RDMA",
+               "all_gather", "GB300", 2, 4, "Ethernet-400G", 8,
+               list(zip((*_SIZES_5, 16 * GIB), [14.38, 77.37, 297.79, 337.55, 357.13])),
+               source=_GCP_A4X_MAX + " (section Test on two nodes)", provenance=FULL_TABLE,
+               fabric="RoCE", nccl_version="2.28.9",
+               stated="GKE A4X Max, 2 nodes x 4 GB300 in distinct NVLink domains ('cross-domain "
+                      "RDMA throughput'), all_gather_perf 4K..16G -f 2, nccl-library=22809; "
+                      "'output is similar to the following'",
+               inferred="NICs (8 x 400 Gb/s RoCE per node, as OCI states for GB300 hosts: not "
+                        "stated in the source); the NCCL version from nccl-library=22809")
+
 # --- Rows from systems their own thread calls broken (role "unhealthy") -----------------------
 # Never tests of the model: published logs of systems that lost bandwidth, for a diagnosis tool.
 _UNHEALTHY_2409 = ("2 x 8x H100 SXM, 8x CX-7 400 Gb/s RoCEv2 per node, NCCL 2.31.2; as filed "
