@@ -119,6 +119,7 @@ class Topology:
     tree: Graph
     nvls: Graph | None       # None: no NVSwitch multicast (NVLS) here
     collnet: Graph | None    # None: no in-network reduction (CollNet, IB SHARP)
+    link_bound: str = "NVLink"   # what limits the ring and tree graphs: NVLink, PCIe, network
 
     @property
     def n_ranks(self) -> int:
@@ -198,14 +199,16 @@ def graphs(*, compcap: int, n_nodes: int, gpus_per_node: int, intra_gbps: float,
             # Pass 2 raises an NVLS graph's bwInter while it is below twice bwIntra
             # (search.cc:1274-1277): e.g. "nChannels 8, bw 40.000000/60.000000" on H100.
             nvls = Graph(channels, speed, max(s for s in speeds if s <= 2 * speed))
-        return Topology(compcap, 1, g, nvlink, ring_graph, tree_graph, nvls, None)
+        return Topology(compcap, 1, g, nvlink, ring_graph, tree_graph, nvls, None,
+                        "NVLink" if nvlink else "PCIe")
     speeds = _speeds(_SPEED_INTER, compcap)
     path = min(nic_gbps, pcie_gbps)
     # A ring enters a node through one NIC and leaves through another, so each GPU's node link
     # carries (g-1)/g of the channels; the NICs carry each channel once.
     cap = intra_gbps * g / (g - 1) if g > 1 else math.inf
-    channels, speed = _search(speeds, cap, path, max_channels=_MAX_CHANNELS,
-                              nics=nics_per_node, nic_gbps=nic_gbps)
+    # Each GPU's PCIe link carries its share of the channels to and from the NICs.
+    channels, speed = _search(speeds, min(cap, g * pcie_gbps), path,
+                              max_channels=_MAX_CHANNELS, nics=nics_per_node, nic_gbps=nic_gbps)
     channels, speed = _dup(channels, speed, compcap)
     ring_graph = Graph(channels, speed, speed)
     # Trees (and CollNet) raise bwIntra up to twice bwInter while the node's links carry it
@@ -219,7 +222,13 @@ def graphs(*, compcap: int, n_nodes: int, gpus_per_node: int, intra_gbps: float,
                           speeds[-1])
         nvls = Graph(heads, head_speed, head_speed)
     collnet = tree_graph if sharp else None
-    return Topology(compcap, n_nodes, g, nvlink, ring_graph, tree_graph, nvls, collnet)
+    # For the label only: compare line rates. NCCL counts a PCIe Gen3 x16 link as 12 of its
+    # 15.75 GB/s (topo.h PCI_BW), the same share for later generations.
+    pcie_line = pcie_gbps * 15.75 / 12.0
+    limits = {"network": nics_per_node * nic_gbps, "PCIe": g * pcie_line,
+              "NVLink" if nvlink else "PCIe": cap}
+    bound = min(limits, key=limits.get)
+    return Topology(compcap, n_nodes, g, nvlink, ring_graph, tree_graph, nvls, collnet, bound)
 
 
 @dataclass(frozen=True)
@@ -230,6 +239,7 @@ class Tuned:
     protocol: str
     bandwidth_gbps: float    # NCCL's "bandwidth": bytes per us / 1000 of the buffer
     latency_us: float
+    bound: str = ""          # the term that set the bandwidth: NVLink, PCIe, network, or a cap
 
 
 def _graph(topo: Topology, algorithm: str) -> Graph | None:
@@ -286,6 +296,7 @@ def tune(topo: Topology, op: str) -> list[Tuned]:
                 continue
             bw = graph.bw_intra if (n_nodes <= 2 or algorithm.startswith("collnet")) \
                 else graph.bw_inter
+            bound = "network" if algorithm.startswith("collnet") else topo.link_bound
             if algorithm in ("nvls", "nvls_tree"):            # tuning.cc:306-322
                 if graph.n_channels < 2:
                     continue
@@ -296,19 +307,25 @@ def tune(topo: Topology, op: str) -> list[Tuned]:
                                           else 1)
                 cap = _PER_CH_NVLS_TREE[arch][index2] if algorithm == "nvls_tree" else math.inf
                 bw = min(intra, inter, cap)
+                bound = ("NVLink" if bw == intra else "network" if bw == inter
+                         else "NVLS-tree channel cap")
             bus = graph.n_channels * bw
             # "Various model refinements" (tuning.cc:325-347).
             if algorithm == "ring" and protocol == "LL":
-                bus = min(ll_max, bus * .5)
+                bus, bound = _cap(bus * .5, bound, ll_max, "LL cap")
             if algorithm == "ring" and protocol == "LL128":
-                bus = min(bus * .92, graph.n_channels * _PER_CH_RING_LL128[arch][index2])
+                bus, bound = _cap(bus * .92, bound,
+                                  graph.n_channels * _PER_CH_RING_LL128[arch][index2],
+                                  "LL128 channel cap")
             if algorithm == "tree" and op == "all_reduce":
-                bus = min(bus * .92, graph.n_channels * _PER_CH_TREE[arch][index2])
+                bus, bound = _cap(bus * .92, bound, graph.n_channels * _PER_CH_TREE[arch][index2],
+                                  "tree channel cap")
             if algorithm == "tree" and protocol == "LL":
-                bus = min(bus / 3.8, ll_max)
+                bus, bound = _cap(bus / 3.8, bound, ll_max, "LL cap")
             if algorithm == "tree" and protocol == "LL128":
-                bus = min(bus * (7.0 / 9.0 if n_nodes == 1 else 120.0 / 128.0),
-                          graph.n_channels * _PER_CH_TREE_LL128[arch][index2])
+                bus, bound = _cap(bus * (7.0 / 9.0 if n_nodes == 1 else 120.0 / 128.0), bound,
+                                  graph.n_channels * _PER_CH_TREE_LL128[arch][index2],
+                                  "LL128 channel cap")
             if algorithm == "pat":
                 bus *= .75
             if algorithm == "collnet_direct":
@@ -322,8 +339,14 @@ def tune(topo: Topology, op: str) -> list[Tuned]:
                 bus *= n_ranks / n_steps if algorithm in ("ring", "nvls", "nvls_tree") else .5
             if bus <= 0:
                 continue
-            out.append(Tuned(algorithm, protocol, bus, _latency(topo, op, algorithm, p, graph)))
+            out.append(Tuned(algorithm, protocol, bus, _latency(topo, op, algorithm, p, graph),
+                             bound))
     return out
+
+
+def _cap(value: float, bound: str, cap: float, label: str) -> tuple[float, str]:
+    """``min(value, cap)``, and which of the two set it."""
+    return (cap, label) if cap < value else (value, bound)
 
 
 def _latency(topo: Topology, op: str, algorithm: str, p: int, graph: Graph) -> float:

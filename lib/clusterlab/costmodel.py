@@ -886,8 +886,9 @@ class CollectiveEstimate:
             (``UNVALIDATED_BAND`` where the regime has no validation).
         high_busbw: the line-rate busbw of the links a ring (or NVLS) uses; above it a
             measurement needs in-network reduction (NVLS, SHARP) or a 2-node tree.
-        bottleneck: "NVLink" (or "PCIe"), "network", "LL protocol"/"LL128 protocol" or
-            "latency".
+        bottleneck: what sets the time in NCCL's model: "latency" (more than half of it), or
+            the term that set the bandwidth: "NVLink", "PCIe", "network", or one of NCCL's caps
+            ("LL cap", "LL128 channel cap", "tree channel cap", "NVLS-tree channel cap").
         regime: where the estimate lies (:class:`Regime`).
         validated: whether the regime has at least ``MIN_VALIDATION_ROWS`` published test rows.
         nccl_release: the NCCL release whose rules priced it.
@@ -1151,15 +1152,7 @@ def _estimate(op, nbytes, *, gpu, n_nodes, gpus_per_node, nic, nics_per_node, in
              for t in options]
     seconds, best = min(timed, key=lambda pair: pair[0])
     latency = best.latency_us * 1e-6 + LAUNCH_OVERHEAD_S
-    if latency > seconds / 2:
-        bottleneck = "latency"
-    elif best.protocol != "Simple":
-        bottleneck = f"{best.protocol} protocol"
-    elif n_nodes > 1 and fabric.net_line < fabric.intra_line * gpus_per_node / max(
-            gpus_per_node - 1, 1) and best.algorithm not in ("collnet_direct", "collnet_chain"):
-        bottleneck = "network"
-    else:
-        bottleneck = "NVLink" if fabric.intra_kind == "nvlink" else "PCIe"
+    bottleneck = "latency" if latency > seconds / 2 else best.bound
     alg = nbytes / seconds
     bus = alg * factor
     high = _high_busbw(op, best.algorithm, fabric, n_nodes, n)
