@@ -18,7 +18,9 @@ Fault handling, so that a failure never leaves a job hanging: JAX's coordination
 every process whose peer stops sending heartbeats (``heartbeat_timeout_s``); a gloo collective
 fails at once when its peer's socket closes; :func:`init` makes an uncaught exception end the
 process at once (instead of waiting in JAX's shutdown barrier); and the launcher stops the rest
-``grace_s`` seconds after the first process fails.
+``grace_s`` seconds after the first process fails. An error that every process raises together
+(different device counts) is printed by each, and none exits until all have: process 0 hosts the
+coordination service, and its exit ends the others at once.
 
 Under SLURM (``srun``; ``tests/test_slurm.py`` runs it under a real one) a killed task ends the
 job the same way, at once. ``scancel`` and a job's time limit send SIGTERM first, and JAX's
