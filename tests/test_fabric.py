@@ -8,7 +8,7 @@ collisions cost what counting flows per link says. SimGrid cross-checks the shar
 tests/test_fabric_simgrid.py.
 
 What the comparison with cluster_collective means here. The flow model keeps its own link
-efficiencies (costmodel.NVLINK_EFFICIENCY and NIC_EFFICIENCY: 370.8 of NVLink4's 450 GB/s, 47
+efficiencies (costmodel.NVLINK_EFFICIENCY and NIC_EFFICIENCY: 370.8 of NVLink4's 450 GB/s, 48
 of a 50 GB/s NIC), while cluster_collective is NCCL's own tuning model (costmodel.NCCL_RELEASE),
 whose bandwidth is what NCCL's topology search finds: a number of channels times a per-channel
 speed taken from a fixed list of speed steps (a 25 GB/s HDR NIC carries 24, a 50 GB/s NDR NIC
@@ -19,8 +19,8 @@ below, for each configuration: the flow model's time equals its own bound by han
 (``2 (n-1)/n S`` over the slowest per-GPU share: NVLink, 8/7 NVLink when a channel leaves
 through the NIC, or the NICs) to 1e-12; NCCL's time equals ``2 (n-1)/n S`` over its ring
 graph's ``channels x speed`` to 1e-12; and the two differ exactly by the ratio of those
-bandwidths, which stays within 4% (the efficiencies differ: 0.94 against NCCL's speed step of
-24/25 or 48/50 = 0.96; 370.8 against 360 on one server).
+bandwidths, which stays within 4%: across servers it is 1 while NIC_EFFICIENCY is NCCL's own
+speed step (48/50 = 24/25 = 0.96, costmodel), and on one server 360 against 370.8 GB/s.
 
 The double binary tree (algorithm="tree") is compared the same way, on a network-bound
 configuration (8 NICs of 6.25 GB/s per server; costmodel given the same
@@ -125,14 +125,14 @@ def test_network_bound_ring_against_cluster_collective(n_nodes):
     theirs = _bandwidth_term("all_reduce", GIB, gpu="H100", n_nodes=n_nodes, nic="IB-HDR",
                              algorithm="ring", protocol="Simple")
     n = 8 * n_nodes
-    flow_bw = 8 * costmodel.NIC_EFFICIENCY * HDR                  # 188 GB/s per server
+    flow_bw = 8 * costmodel.NIC_EFFICIENCY * HDR                  # 192 GB/s per server
     ring = _nccl_ring(n_nodes, HDR / 1e9)
     nccl_bw = ring.n_channels * ring.bw_inter * 1e9                # 8 x 24 = 192 GB/s
     assert ours.latency_s == 0
     assert ours.time_s == pytest.approx(_ring_s(GIB, n, flow_bw), rel=1e-12)
     assert theirs == pytest.approx(_ring_s(GIB, n, nccl_bw), rel=1e-12)
     assert theirs / ours.time_s == pytest.approx(flow_bw / nccl_bw, rel=1e-12)
-    assert 0.96 < theirs / ours.time_s < 1.0      # NCCL's speed step 24/25 above 0.94
+    assert 0.96 < theirs / ours.time_s <= 1 + 1e-12   # equal while NIC_EFFICIENCY = 48/50
 
 
 def test_one_server_ring_against_cluster_collective():
@@ -151,8 +151,8 @@ def test_one_server_ring_against_cluster_collective():
 def test_ndr_ring_across_servers_is_bound_by_the_nics_in_both_models():
     # NDR NICs (8 x 50 GB/s): in the flow model a GPU carries 7 of 8 channels on NVLink (the
     # one it hands to the NIC does not cross it), so its NVLink share is 8/7 x 370.8 = 424
-    # GB/s and the NICs (8 x 47 = 376 GB/s) bind; NCCL's search finds 8 channels of 48 GB/s
-    # (384), also below what NVLink carries. (Before NCCL's own model, cluster_collective
+    # GB/s and the NICs (8 x 48 = 384 GB/s) bind; NCCL's search finds the same 8 channels of
+    # 48 GB/s, also below what NVLink carries. (Before NCCL's own model, cluster_collective
     # charged every channel to NVLink, 370.8 GB/s.)
     f = _rail(4, NDR)
     ours = fabric.collective(f, "all_reduce", GIB)
@@ -167,7 +167,7 @@ def test_ndr_ring_across_servers_is_bound_by_the_nics_in_both_models():
     assert nccl_bw < 8 / 7 * intra
     assert ours.time_s == pytest.approx(_ring_s(GIB, 32, flow_bw), rel=1e-12)
     assert theirs == pytest.approx(_ring_s(GIB, 32, nccl_bw), rel=1e-12)
-    assert 0.96 < theirs / ours.time_s < 1.0
+    assert 0.96 < theirs / ours.time_s <= 1 + 1e-12
 
 
 @pytest.mark.parametrize("nic,name", [(HDR, "IB-HDR"), (NDR, "IB-NDR")])
@@ -175,7 +175,7 @@ def test_sprayed_all_to_all_against_cluster_collective(nic, name):
     # cluster_collective's all-to-all is the course's estimate (NCCL does not price it): each
     # GPU sends (n-g)/n of the buffer over its share of the ring graph's network channels; the
     # flow model sprays the same bytes over the NICs at NIC_EFFICIENCY. Their ratio is the
-    # ratio of those bandwidths (0.94 against NCCL's 24/25 or 48/50).
+    # ratio of those bandwidths (1 while NIC_EFFICIENCY is NCCL's 48/50).
     f = _rail(4, nic)
     ours = fabric.collective(f, "all_to_all", GIB, policy="spray")
     theirs = _bandwidth_term("all_to_all", GIB, gpu="H100", n_nodes=4, nic=name)
@@ -347,7 +347,9 @@ def test_an_all_to_all_across_pods_feels_the_oversubscription():
     inside = [list(range(r, 64, 8)) for r in range(8)]
     across = [list(range(r, 32, 8)) + list(range(64 + r, 96, 8)) for r in range(8)]
     assert busbw(7, inside) == pytest.approx(busbw(1, inside), rel=1e-12)
-    assert busbw(7, across) < 0.5 * busbw(1, across)
+    # across pods, the 7:1 core at least halves the all-to-all's bus bandwidth (exactly half
+    # here: the pod's uplinks, not the NICs, bound it)
+    assert busbw(7, across) <= 0.5 * busbw(1, across) * (1 + 1e-12)
 
 
 # --- The double binary tree ----------------------------------------------------------------

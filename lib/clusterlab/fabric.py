@@ -40,10 +40,12 @@ graph:
 
 Links run at line rate times their own efficiencies (``costmodel.NVLINK_EFFICIENCY`` for
 NVLink: NCCL's 20.6 of 25 GB/s per NVLink4 link; ``costmodel.NIC_EFFICIENCY`` for network
-links: 47 of 50 GB/s measured on NDR). :func:`clusterlab.costmodel.cluster_collective` is NCCL's
-own tuning model (``costmodel.NCCL_RELEASE``), whose bandwidths are the channels times speed
-steps that NCCL's topology search finds, so without contention the two agree ring against ring
-(NCCL forced to ring) to within those efficiencies' difference (under 4%), not exactly:
+links: the 48 of 50 GB/s at which NCCL's search runs a 400 Gb/s NIC's channel).
+:func:`clusterlab.costmodel.cluster_collective` is NCCL's own tuning model
+(``costmodel.NCCL_RELEASE``), whose bandwidths are channels times the speed steps that NCCL's
+topology search finds, so without contention the two agree ring against ring (NCCL forced to
+ring): exactly when the NICs bound the ring, and within 4% on one server (NCCL's 12 channels of
+30 GB/s against 370.8):
 ``tests/test_fabric.py`` asserts each ratio.
 
 What the model cannot show: it has no buffers, no PFC pauses, no head-of-line blocking and no
