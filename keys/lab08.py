@@ -19,7 +19,7 @@ KEY = {
                              hint="Count the multiply-adds of an (m x k) by (k x n) matmul as 2 "
                                   "FLOPs each, and the bytes of all three matrices in float32."),
     "lab08.2": grading.close(
-        flops.mfu(flops.training_flops(7e9, 4e6) / 8.0, 256, hardware.gpu("H100").bf16_flops),
+        flops.mfu(flops.training_flops(7e9, 4e6) / 1.6, 256, hardware.gpu("H100").bf16_flops),
         name="MFU",
         hint="MFU is the model's FLOPs per second over what all the GPUs could do at peak; "
              "count a training step's FLOPs from the parameters and the tokens."),
