@@ -5,12 +5,15 @@ from clusterlab import grading, hardware, memory, serving
 _LLAMA = serving.LLAMA_3_70B
 
 
-def _measured_bandwidth_gb_per_s(ns):
-    # from this run's own measurement: the step's bytes by the formula over its median time
-    step_bytes = serving.decode_step_bytes(ns["weight_bytes"], memory.kv_cache_bytes(
-        ns["N_LAYERS"], ns["N_HEADS"], ns["HEAD_DIM"], ns["SWEEP_LEN"], 1,
-        bytes_per_value=ns["BYTES_PER_VALUE"]))
-    return step_bytes / ns["step_s"][1] / 1e9
+def _predicted_long_cache_step_s(ns):
+    # from this run's own measurement: the batch-1 step's bytes by the formula over its median
+    # time is the bandwidth; the batch-SEQ_BATCH step over LENGTHS[-1] positions at that bandwidth
+    def step_bytes(batch, cache_len):
+        return serving.decode_step_bytes(ns["weight_bytes"], memory.kv_cache_bytes(
+            ns["N_LAYERS"], ns["N_HEADS"], ns["HEAD_DIM"], cache_len, batch,
+            bytes_per_value=ns["BYTES_PER_VALUE"]))
+    bandwidth = step_bytes(1, ns["SWEEP_LEN"]) / ns["step_s"][1]
+    return step_bytes(ns["SEQ_BATCH"], ns["LENGTHS"][-1]) / bandwidth
 
 
 KEY = {
@@ -22,12 +25,16 @@ KEY = {
              "position and sequence, 2 bytes each; then divide by 1e9."),
     "lab11.2": grading.close(
         8 * hardware.gpu("H200").hbm_bytes_per_s
-        / serving.decode_step_bytes(_LLAMA.param_bytes(2), _LLAMA.kv_cache_bytes(4096, 1, 2)),
+        / serving.decode_step_bytes(_LLAMA.streamed_param_bytes(2),
+                                    _LLAMA.kv_cache_bytes(4096, 1, 2)),
         name="tokens per second",
-        hint="One step reads all the weights and the whole cache once; 8 GPUs read their "
-             "eighths at the same time; one step makes one token."),
+        hint="One step reads the weights it multiplies (all but the input embedding, which is "
+             "only indexed) and the whole cache once; 8 GPUs read their eighths at the same "
+             "time; one step makes one token."),
     "lab11.3": grading.close(
-        _measured_bandwidth_gb_per_s, name="achieved bandwidth (GB/s)",
-        hint="Bytes of one step at batch 1 (the weights plus one sequence's cache of SWEEP_LEN "
-             "positions, float32) over step_s[1]; then divide by 1e9."),
+        _predicted_long_cache_step_s, name="predicted step time (s)",
+        hint="The bandwidth is one batch-1 step's bytes (the weights plus one sequence's cache "
+             "of SWEEP_LEN positions, float32) over step_s[1]; the prediction is the bytes of a "
+             "step of SEQ_BATCH sequences over LENGTHS[-1] positions over that bandwidth, in "
+             "seconds."),
 }
