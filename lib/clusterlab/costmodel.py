@@ -937,7 +937,9 @@ def _fabric(gpu_spec, gpus_per_node, n_nodes, nic, nics_per_node, intra_node_lin
     compcap = _nccl.COMPUTE_CAPABILITY.get(gpu_spec.name, 90)
     per_link = _nccl.NVLINK_BW_PER_LINK[max(c for c in _nccl.NVLINK_BW_PER_LINK
                                             if c <= compcap)]
-    nvlink_fraction = per_link * 1e9 / _NVLINK_LINK_LINE[gpu_spec.nvlink_generation]
+    # An accelerator without NVLink (generation 0, e.g. a TPU in the planner's validation) is
+    # counted as NVLink4 would be; its estimates lie in no validated regime anyway.
+    nvlink_fraction = per_link * 1e9 / _NVLINK_LINK_LINE.get(gpu_spec.nvlink_generation, 25e9)
     if intra_node_bytes_per_s is not None:
         intra_line = _checks.positive("intra_node_bytes_per_s", intra_node_bytes_per_s)
         kind, intra_nccl = "nvlink", intra_line * nvlink_fraction / 1e9
