@@ -260,88 +260,100 @@ def tune(topo: Topology, op: str) -> list[Tuned]:
     Returns:
         Every (algorithm, protocol) NCCL would consider, enabled and with a bandwidth above 0.
     """
+    out = []
+    for algorithm in ALGORITHMS:
+        graph = _graph(topo, algorithm)
+        if graph is None or not _algorithm_enabled(topo, op, algorithm):
+            continue
+        for p, protocol in enumerate(PROTOCOLS):
+            if not _protocol_enabled(topo, algorithm, protocol):
+                continue
+            priced = _bandwidth(topo, op, algorithm, protocol, graph)
+            if priced is None:
+                continue
+            bus, bound = priced
+            out.append(Tuned(algorithm, protocol, bus, _latency(topo, op, algorithm, p, graph),
+                             bound))
+    return out
+
+
+def _algorithm_enabled(topo: Topology, op: str, algorithm: str) -> bool:
+    """Which algorithms NCCL considers for ``op`` here (tuning.cc:287-291, 500-510)."""
+    gather = op in ("all_gather", "reduce_scatter")
+    if gather and algorithm not in ("pat", "ring", "nvls", "collnet_direct"):
+        return False
+    if op == "all_reduce" and algorithm == "pat":
+        return False
+    # NVLS-tree needs several nodes, NVLS across nodes needs CollNet; PAT needs one GPU per
+    # node (tuning.cc:214-221); CollNet-direct all-gather needs CollNet's iallgather
+    # (tuning.cc:355-372).
+    if algorithm == "nvls_tree" and topo.n_nodes == 1:
+        return False
+    if algorithm == "nvls" and topo.n_nodes > 1 and topo.collnet is None:
+        return False
+    if algorithm == "pat" and topo.n_nodes != topo.n_ranks:
+        return False
+    return not (algorithm == "collnet_direct" and gather)
+
+
+def _protocol_enabled(topo: Topology, algorithm: str, protocol: str) -> bool:
+    """NVLS, NVLS-tree, PAT and CollNet run Simple only (tuning.cc:296-299, 340-341); LL128 is
+    on by default on NVLink nodes from Volta on (tuning.cc:518-535)."""
+    if algorithm in ("nvls", "nvls_tree", "pat") or algorithm.startswith("collnet"):
+        return protocol == "Simple"
+    return protocol != "LL128" or (topo.nvlink and topo.compcap >= 70)
+
+
+def _bandwidth(topo: Topology, op: str, algorithm: str, protocol: str,
+               graph: Graph) -> tuple[float, str] | None:
+    """NCCL's bandwidth of one (algorithm, protocol), GB/s of the buffer, and what set it
+    (tuning.cc:300-381); None where NCCL gives it none."""
     n_nodes, n_ranks = topo.n_nodes, topo.n_ranks
     ppn = n_ranks / n_nodes
     arch = _arch(topo.compcap)
     index2 = min(n_nodes, 3) - 1
     ll_max = _LL_MAX_BW[arch if n_nodes == 1 else 0][index2]
-    n_steps = 2 * (n_ranks - 1) if op == "all_reduce" else n_ranks - 1
     gather = op in ("all_gather", "reduce_scatter")
-    out = []
-    for algorithm in ALGORITHMS:
-        graph = _graph(topo, algorithm)
-        if graph is None:
-            continue
-        if gather and algorithm not in ("pat", "ring", "nvls", "collnet_direct"):
-            continue
-        if op == "all_reduce" and algorithm == "pat":
-            continue
-        # Enable rules (tuning.cc:500-510): NVLS-tree needs several nodes, NVLS across nodes
-        # needs CollNet; PAT needs one GPU per node (tuning.cc:214-221).
-        if algorithm == "nvls_tree" and n_nodes == 1:
-            continue
-        if algorithm == "nvls" and n_nodes > 1 and topo.collnet is None:
-            continue
-        if algorithm == "pat" and n_nodes != n_ranks:
-            continue
-        if algorithm == "collnet_direct" and gather:
-            continue        # needs CollNet's iallgather/ireducescatter (tuning.cc:355-372)
-        for p, protocol in enumerate(PROTOCOLS):
-            if algorithm in ("nvls", "nvls_tree", "pat") and protocol != "Simple":
-                continue
-            if algorithm.startswith("collnet") and protocol != "Simple":
-                continue                                          # tuning.cc:340-341
-            # LL128 is on by default on NVLink nodes from Volta on (tuning.cc:518-535).
-            if protocol == "LL128" and not (topo.nvlink and topo.compcap >= 70):
-                continue
-            bw = graph.bw_intra if (n_nodes <= 2 or algorithm.startswith("collnet")) \
-                else graph.bw_inter
-            bound = "network" if algorithm.startswith("collnet") else topo.link_bound
-            if algorithm in ("nvls", "nvls_tree"):            # tuning.cc:306-322
-                if graph.n_channels < 2:
-                    continue
-                intra = graph.bw_intra * _NVLS_EFFICIENCY[arch] * \
-                    (graph.n_channels - 1) / graph.n_channels
-                intra *= 2.0 if op == "all_reduce" else (ppn - 1) / ppn
-                inter = graph.bw_inter * (2 if n_nodes <= 2 and algorithm == "nvls_tree"
-                                          else 1)
-                cap = _PER_CH_NVLS_TREE[arch][index2] if algorithm == "nvls_tree" else math.inf
-                bw = min(intra, inter, cap)
-                bound = ("NVLink" if bw == intra else "network" if bw == inter
-                         else "NVLS-tree channel cap")
-            bus = graph.n_channels * bw
-            # "Various model refinements" (tuning.cc:325-347).
-            if algorithm == "ring" and protocol == "LL":
-                bus, bound = _cap(bus * .5, bound, ll_max, "LL cap")
-            if algorithm == "ring" and protocol == "LL128":
-                bus, bound = _cap(bus * .92, bound,
-                                  graph.n_channels * _PER_CH_RING_LL128[arch][index2],
-                                  "LL128 channel cap")
-            if algorithm == "tree" and op == "all_reduce":
-                bus, bound = _cap(bus * .92, bound, graph.n_channels * _PER_CH_TREE[arch][index2],
-                                  "tree channel cap")
-            if algorithm == "tree" and protocol == "LL":
-                bus, bound = _cap(bus / 3.8, bound, ll_max, "LL cap")
-            if algorithm == "tree" and protocol == "LL128":
-                bus, bound = _cap(bus * (7.0 / 9.0 if n_nodes == 1 else 120.0 / 128.0), bound,
-                                  graph.n_channels * _PER_CH_TREE_LL128[arch][index2],
-                                  "LL128 channel cap")
-            if algorithm == "pat":
-                bus *= .75
-            if algorithm == "collnet_direct":
-                factor = ppn / graph.n_channels            # GPUs per NIC
-                factor -= (factor - 1) / 2
-                bus /= factor
-                if topo.compcap >= 90:
-                    bus *= .85
-            # Bus bandwidth to algorithm bandwidth (tuning.cc:375-381).
-            if not (algorithm != "ring" and gather):
-                bus *= n_ranks / n_steps if algorithm in ("ring", "nvls", "nvls_tree") else .5
-            if bus <= 0:
-                continue
-            out.append(Tuned(algorithm, protocol, bus, _latency(topo, op, algorithm, p, graph),
-                             bound))
-    return out
+    bw = graph.bw_intra if (n_nodes <= 2 or algorithm.startswith("collnet")) else graph.bw_inter
+    bound = "network" if algorithm.startswith("collnet") else topo.link_bound
+    if algorithm in ("nvls", "nvls_tree"):            # tuning.cc:306-322
+        if graph.n_channels < 2:
+            return None
+        intra = graph.bw_intra * _NVLS_EFFICIENCY[arch] * (graph.n_channels - 1) / graph.n_channels
+        intra *= 2.0 if op == "all_reduce" else (ppn - 1) / ppn
+        inter = graph.bw_inter * (2 if n_nodes <= 2 and algorithm == "nvls_tree" else 1)
+        cap = _PER_CH_NVLS_TREE[arch][index2] if algorithm == "nvls_tree" else math.inf
+        bw = min(intra, inter, cap)
+        bound = "NVLink" if bw == intra else "network" if bw == inter else "NVLS-tree channel cap"
+    bus = graph.n_channels * bw
+    # "Various model refinements" (tuning.cc:325-347).
+    if algorithm == "ring" and protocol == "LL":
+        bus, bound = _cap(bus * .5, bound, ll_max, "LL cap")
+    if algorithm == "ring" and protocol == "LL128":
+        bus, bound = _cap(bus * .92, bound, graph.n_channels * _PER_CH_RING_LL128[arch][index2],
+                          "LL128 channel cap")
+    if algorithm == "tree" and op == "all_reduce":
+        bus, bound = _cap(bus * .92, bound, graph.n_channels * _PER_CH_TREE[arch][index2],
+                          "tree channel cap")
+    if algorithm == "tree" and protocol == "LL":
+        bus, bound = _cap(bus / 3.8, bound, ll_max, "LL cap")
+    if algorithm == "tree" and protocol == "LL128":
+        bus, bound = _cap(bus * (7.0 / 9.0 if n_nodes == 1 else 120.0 / 128.0), bound,
+                          graph.n_channels * _PER_CH_TREE_LL128[arch][index2],
+                          "LL128 channel cap")
+    if algorithm == "pat":
+        bus *= .75
+    if algorithm == "collnet_direct":
+        factor = ppn / graph.n_channels            # GPUs per NIC
+        factor -= (factor - 1) / 2
+        bus /= factor
+        if topo.compcap >= 90:
+            bus *= .85
+    # Bus bandwidth to algorithm bandwidth (tuning.cc:375-381).
+    if not (algorithm != "ring" and gather):
+        n_steps = 2 * (n_ranks - 1) if op == "all_reduce" else n_ranks - 1
+        bus *= n_ranks / n_steps if algorithm in ("ring", "nvls", "nvls_tree") else .5
+    return (bus, bound) if bus > 0 else None
 
 
 def _cap(value: float, bound: str, cap: float, label: str) -> tuple[float, str]:

@@ -1079,9 +1079,8 @@ def cluster_collective(op: str, nbytes: float, *, gpu, n_nodes: int = 1,
             NCCL does not run there (e.g. NVLS across nodes without SHARP).
 
     References:
-        NVIDIA NCCL v2.30.7-1, ``src/graph/tuning.cc``, ``search.cc``, ``topo.h``;
-        nccl-tests ``doc/PERFORMANCE.md`` (algbw, busbw); the published rows in
-        :mod:`clusterlab.published.nccl_tests`.
+        NVIDIA NCCL v2.30.7-1 ``src/graph`` (tuning.cc, search.cc, topo.h); nccl-tests
+        ``doc/PERFORMANCE.md``; :mod:`clusterlab.published.nccl_tests`.
     """
     estimate = _estimate(op, nbytes, gpu=gpu, n_nodes=n_nodes, gpus_per_node=gpus_per_node,
                          nic=nic, nics_per_node=nics_per_node, intra_node_link=intra_node_link,
@@ -1091,7 +1090,12 @@ def cluster_collective(op: str, nbytes: float, *, gpu, n_nodes: int = 1,
     if estimate.n_gpus == 1:
         return estimate
     kind = "pcie" if (intra_node_link or "").startswith("PCIe") else "nvlink"
-    where = regime(op, estimate.nbytes, n_nodes, fabric or fabric_of(nic, n_nodes, kind))
+    return _with_band(estimate, regime(op, estimate.nbytes, n_nodes,
+                                       fabric or fabric_of(nic, n_nodes, kind)))
+
+
+def _with_band(estimate: CollectiveEstimate, where: Regime) -> CollectiveEstimate:
+    """The estimate with its regime and the band that the regime's validation sets."""
     errors = regime_errors().get(where, ())
     validated = len(errors) >= MIN_VALIDATION_ROWS
     if validated:
