@@ -272,6 +272,54 @@ def zero_memory_bars(n_params: float, dp: int, ax: Axes | None = None, *,
     return ax
 
 
+def _collective_buffers(p: int) -> dict:
+    """Each collective's (where in training, before, after): a list of (label, colour) cells
+    per device, for :func:`collectives_before_after`."""
+    letters = "abcd"
+    colours = plt.get_cmap("tab10").colors[:p]
+    sum_colour = "0.35"
+
+    def chunk(device, k):
+        return (f"${letters[device]}_{k}$", colours[device])
+
+    def total(k):
+        return (f"$\\Sigma_{k}$", sum_colour)
+
+    def whole(device):
+        return (f"${letters[device]}$", colours[device])
+
+    inputs = [[chunk(d, k) for k in range(p)] for d in range(p)]
+    nothing = [[] for _ in range(p)]
+    return {
+        "all-reduce": ("data-parallel gradients", inputs, [[total(k) for k in range(p)]] * p),
+        "reduce-scatter": ("ZeRO/FSDP gradients", inputs, [[total(d)] for d in range(p)]),
+        "all-gather": ("ZeRO/FSDP parameters", [[whole(d)] for d in range(p)],
+                       [[whole(k) for k in range(p)]] * p),
+        "all-to-all": ("expert-parallel token routing", inputs,
+                       [[chunk(k, d) for k in range(p)] for d in range(p)]),
+        "broadcast (root 0)": ("initial weights from one rank", [inputs[0]] + nothing[1:],
+                               [inputs[0]] * p),
+        "reduce (root 0)": ("a metric summed on one rank", inputs,
+                            [[total(k) for k in range(p)]] + nothing[1:]),
+        "send/recv (0 → 1)": ("pipeline activations", [inputs[0]] + nothing[1:],
+                              [[], inputs[0]] + nothing[2:]),
+    }
+
+
+def _draw_buffers(ax, x0: float, buffers, title: str, p: int) -> None:
+    """One row of ``p`` chunk cells per device, starting at ``x0``, titled ``title``."""
+    for d, cells in enumerate(buffers):
+        y = p - 1 - d
+        ax.text(x0 - 0.15, y + 0.4, f"GPU{d}", ha="right", va="center", fontsize=8)
+        ax.add_patch(Rectangle((x0, y), p, 0.8, fill=False, ec="0.75", lw=0.8, ls=":"))
+        for k, (label, colour) in enumerate(cells):
+            ax.add_patch(Rectangle((x0 + k, y), 1, 0.8, fc=colour, ec="white", lw=1.5,
+                                   alpha=0.9))
+            ax.text(x0 + k + 0.5, y + 0.4, label, ha="center", va="center", color="white",
+                    fontsize=10)
+    ax.text(x0 + p / 2, p + 0.05, title, ha="center", va="bottom", fontsize=8, color="0.3")
+
+
 def collectives_before_after(p: int = 4) -> plt.Figure:
     """What each of ``p`` devices holds before and after each of the seven collectives.
 
@@ -291,53 +339,12 @@ def collectives_before_after(p: int = 4) -> plt.Figure:
     if not 2 <= p <= 4:
         raise ValueError(f"p must be 2 to 4 (one letter per device), got {p}.")
     letters = "abcd"
-    colours = plt.get_cmap("tab10").colors[:p]
-    sum_colour = "0.35"
-
-    def chunk(device, k):
-        return (f"${letters[device]}_{k}$", colours[device])
-
-    def total(k):
-        return (f"$\\Sigma_{k}$", sum_colour)
-
-    def whole(device):
-        return (f"${letters[device]}$", colours[device])
-
-    inputs = [[chunk(d, k) for k in range(p)] for d in range(p)]
-    nothing = [[] for _ in range(p)]
-    collectives = {  # name: (where in training, before, after), a list of cells per device
-        "all-reduce": ("data-parallel gradients", inputs, [[total(k) for k in range(p)]] * p),
-        "reduce-scatter": ("ZeRO/FSDP gradients", inputs, [[total(d)] for d in range(p)]),
-        "all-gather": ("ZeRO/FSDP parameters", [[whole(d)] for d in range(p)],
-                       [[whole(k) for k in range(p)]] * p),
-        "all-to-all": ("expert-parallel token routing", inputs,
-                       [[chunk(k, d) for k in range(p)] for d in range(p)]),
-        "broadcast (root 0)": ("initial weights from one rank", [inputs[0]] + nothing[1:],
-                               [inputs[0]] * p),
-        "reduce (root 0)": ("a metric summed on one rank", inputs,
-                            [[total(k) for k in range(p)]] + nothing[1:]),
-        "send/recv (0 → 1)": ("pipeline activations", [inputs[0]] + nothing[1:],
-                              [[], inputs[0]] + nothing[2:]),
-    }
-
-    def draw(ax, x0, buffers, title):
-        for d, cells in enumerate(buffers):
-            y = p - 1 - d
-            ax.text(x0 - 0.15, y + 0.4, f"GPU{d}", ha="right", va="center", fontsize=8)
-            ax.add_patch(Rectangle((x0, y), p, 0.8, fill=False, ec="0.75", lw=0.8, ls=":"))
-            for k, (label, colour) in enumerate(cells):
-                ax.add_patch(Rectangle((x0 + k, y), 1, 0.8, fc=colour, ec="white", lw=1.5,
-                                       alpha=0.9))
-                ax.text(x0 + k + 0.5, y + 0.4, label, ha="center", va="center", color="white",
-                        fontsize=10)
-        ax.text(x0 + p / 2, p + 0.05, title, ha="center", va="bottom", fontsize=8, color="0.3")
-
     fig, axes = plt.subplots(4, 2, figsize=(9.5, 11))
-    for ax, (name, (use, before, after)) in zip(axes.flat, collectives.items()):
-        draw(ax, 0.0, before, "before")
+    for ax, (name, (use, before, after)) in zip(axes.flat, _collective_buffers(p).items()):
+        _draw_buffers(ax, 0.0, before, "before", p)
         ax.annotate("", xy=(p + 1.55, p / 2), xytext=(p + 0.25, p / 2),
                     arrowprops={"arrowstyle": "-|>", "color": "0.3", "lw": 1.5})
-        draw(ax, p + 2.2, after, "after")
+        _draw_buffers(ax, p + 2.2, after, "after", p)
         ax.text(-1.0, p + 1.25, name, fontsize=11, fontweight="bold")
         ax.text(-1.0, p + 0.75, use, fontsize=9, color="0.4")
         ax.set_xlim(-1.0, 2 * p + 2.3)
