@@ -833,7 +833,8 @@ MIN_VALIDATION_ROWS = 3
 #: ``(1 - UNVALIDATED_BAND) * expected``.
 UNVALIDATED_BAND = 0.5
 SIZE_CLASSES = ("< 1 MiB", "1 MiB - 1 GiB", ">= 1 GiB")
-FABRICS = ("NVLink", "PCIe", "InfiniBand", "RoCE", "EFA", "Ethernet")
+#: The published rows' fabrics, and PCIe for a node whose GPUs talk over PCIe.
+FABRICS = ("NVLink", "PCIe") + nccl_tests.FABRICS[1:]
 
 
 @dataclass(frozen=True)
@@ -853,9 +854,7 @@ def regime(op: str, nbytes: float, n_nodes: int, fabric: str) -> Regime:
     """The :class:`Regime` of one collective (see :func:`validation_by_regime`)."""
     if fabric not in FABRICS:
         raise ValueError(f"Unknown fabric {fabric!r}; use one of {', '.join(FABRICS)}.")
-    nodes = "1 node" if n_nodes == 1 else "2 nodes" if n_nodes == 2 else ">2 nodes"
-    ops = "all_gather/reduce_scatter" if op in ("all_gather", "reduce_scatter") else op
-    return Regime(nodes, fabric, ops,
+    return Regime(nccl_tests.node_class(n_nodes), fabric, nccl_tests.op_family(op),
                   SIZE_CLASSES[(nbytes >= 2**20) + (nbytes >= 2**30)])
 
 
