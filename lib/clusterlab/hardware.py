@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from clusterlab import _checks
+
 
 @dataclass(frozen=True)
 class GPU:
@@ -367,6 +369,109 @@ def peak_flops(gpu_spec: GPU | str, *, precision: str = "bf16") -> float:
         with_fp8 = ", ".join(name for name, g in GPUS.items() if g.fp8_flops is not None)
         raise ValueError(f"{spec.name} has no FP8 tensor cores; FP8 needs one of: {with_fp8}.")
     return spec.fp8_flops
+
+
+@dataclass(frozen=True)
+class ClusterSpec:
+    """A cluster of identical nodes, the one description every model of the course takes.
+
+    ``costmodel.cluster_collective``, the planner, the fabric comparison, serving and the CLI all
+    read a cluster from this type. Build one from a catalog server with :meth:`from_node`, or
+    give the parts; names are keys of :data:`GPUS` and :data:`LINKS`. Bandwidths are per
+    direction. Derive variants with :func:`dataclasses.replace` (e.g. another node count).
+
+    Example:
+        >>> ClusterSpec.from_node("DGX H100", n_nodes=4).n_gpus
+        32
+    """
+
+    gpu: GPU | str                               # the accelerator; a name is looked up in GPUS
+    n_nodes: int = 1
+    gpus_per_node: int = 8
+    nic: str | None = None                       # key of LINKS: one NIC port between nodes
+    nics_per_node: int | None = None             # NICs NCCL uses per node; None: one per GPU
+    intra_node_link: str | None = None           # key of LINKS replacing the GPU's NVLink
+    intra_node_bytes_per_s: float | None = None  # or the node link's rate per GPU, directly
+    network_bytes_per_s: float | None = None     # all of a node's NICs together, overriding
+    #                                              nic x nics_per_node (nic still names the
+    #                                              fabric's kind)
+    sharp: bool = False                          # in-network reduction (InfiniBand SHARP)
+    storage_read_bytes_per_s: float | None = None  # shared storage, sustained, whole cluster
+    name: str = ""                               # a label for tables
+
+    def __post_init__(self) -> None:
+        if isinstance(self.gpu, str):
+            object.__setattr__(self, "gpu", gpu(self.gpu))
+        elif not isinstance(self.gpu, GPU):
+            raise ValueError(f"gpu must be a name in hardware.GPUS or a hardware.GPU, "
+                             f"got {self.gpu!r}.")
+        _checks.count("n_nodes", self.n_nodes)
+        _checks.count("gpus_per_node", self.gpus_per_node)
+        if self.nic is not None:
+            object.__setattr__(self, "nic", link(self.nic).name)
+        if self.nics_per_node is not None:
+            _checks.count("nics_per_node", self.nics_per_node)
+        if self.intra_node_link is not None and self.intra_node_bytes_per_s is not None:
+            raise ValueError("Give intra_node_link (a name in hardware.LINKS) or "
+                             "intra_node_bytes_per_s, not both.")
+        if self.intra_node_link is not None:
+            object.__setattr__(self, "intra_node_link", link(self.intra_node_link).name)
+        for field in ("intra_node_bytes_per_s", "network_bytes_per_s",
+                      "storage_read_bytes_per_s"):
+            if getattr(self, field) is not None:
+                _checks.positive(field, getattr(self, field))
+        if (self.n_nodes > 1 and self.nic is None and self.network_bytes_per_s is None):
+            raise ValueError(f"A cluster of {self.n_nodes} nodes needs a network: give nic "
+                             f"(a name in hardware.LINKS, e.g. 'IB-NDR') or "
+                             f"network_bytes_per_s.")
+
+    @classmethod
+    def from_node(cls, server: Node | str, n_nodes: int = 1, **changes) -> ClusterSpec:
+        """``n_nodes`` of a catalog server (:data:`NODES`), with any field changed by keyword."""
+        spec = server if isinstance(server, Node) else node(server)
+        fields = dict(gpu=spec.gpu, n_nodes=n_nodes, gpus_per_node=spec.gpus_per_node,
+                      nic=spec.nic, nics_per_node=spec.nics_per_node,
+                      name=f"{n_nodes} x {spec.name}")
+        return cls(**(fields | changes))
+
+    @property
+    def n_gpus(self) -> int:
+        return self.n_nodes * self.gpus_per_node
+
+    @property
+    def node_link_bytes_per_s(self) -> float:
+        """Each GPU's link to the others in its node: NVLink unless replaced."""
+        if self.intra_node_bytes_per_s is not None:
+            return self.intra_node_bytes_per_s
+        if self.intra_node_link is not None:
+            return link(self.intra_node_link).bytes_per_s
+        return self.gpu.nvlink_bytes_per_s
+
+    @property
+    def node_network_bytes_per_s(self) -> float:
+        """Line rate of a node's NICs together, per direction (0 without a network)."""
+        if self.network_bytes_per_s is not None:
+            return self.network_bytes_per_s
+        if self.nic is None:
+            return 0.0
+        nics = self.gpus_per_node if self.nics_per_node is None else self.nics_per_node
+        return link(self.nic).bytes_per_s * nics
+
+    @property
+    def network_bytes_per_gpu(self) -> float:
+        """The node's NICs shared out per GPU, per direction."""
+        return self.node_network_bytes_per_s / self.gpus_per_node
+
+    def describe(self) -> str:
+        """One line, e.g. ``32 x H100 (4 nodes of 8), 8 x IB-NDR (400 Gb/s per port) per node``."""
+        nodes = f"{self.n_nodes} node{'s' if self.n_nodes > 1 else ''}"
+        text = f"{self.n_gpus} x {self.gpu.name} ({nodes} of {self.gpus_per_node})"
+        if self.network_bytes_per_s is not None:
+            return text + f", {self.network_bytes_per_s * 8 / 1e9:g} Gb/s per node"
+        if self.nic is not None:
+            nics = self.gpus_per_node if self.nics_per_node is None else self.nics_per_node
+            return text + f", {nics} x {self.nic} ({link(self.nic).quoted}) per node"
+        return text
 
 
 @dataclass(frozen=True)
