@@ -12,10 +12,21 @@ import pytest
 
 from clusterlab import check, collectives, costmodel, models
 from clusterlab.parallel import pipeline
-from conftest import reference_run, sub_mesh
+from conftest import reference_run, run_python, sub_mesh
 
 AXIS = "stage"
 D, H, BLOCKS, BATCH, STEPS = 8, 16, 8, 16, 3
+
+
+def test_schedules_import_without_jax_and_are_the_executors():
+    # plotting and the analytical chapters draw schedules; they must not pull in JAX for it
+    result = run_python("-c", "import sys, clusterlab.schedule as s; "
+                        "s.make_schedule(4, 8, '1f1b'); print('jax' in sys.modules)")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "False"
+    from clusterlab import schedule
+    assert pipeline.Schedule is schedule.Schedule
+    assert pipeline.make_schedule is schedule.make_schedule
 
 
 @pytest.fixture(scope="module")
