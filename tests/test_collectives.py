@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from clusterlab import collectives
+from clusterlab import collectives, hlo
 from conftest import sub_mesh
 
 AXIS = "x"
@@ -275,6 +275,15 @@ def test_recursive_doubling_needs_a_power_of_two(n):
 
 
 # --- the ring's messages in the compiled program ----------------------------------------------
+
+def test_program_inspection_is_hlo_s_and_re_exported_from_collectives():
+    # Labs and keys call collectives.compiled_collectives(...): the same functions, not copies.
+    for name in ("compiled_collectives", "executed_collectives", "hlo_op_count", "summarize",
+                 "collectives_in_text", "CollectiveOp"):
+        assert getattr(collectives, name) is getattr(hlo, name)
+        assert getattr(hlo, name).__module__ == "clusterlab.hlo"
+    assert collectives.SEPARATE_ALL_REDUCES is hlo.SEPARATE_ALL_REDUCES
+
 
 @pytest.mark.parametrize("n", [2, 4, 8])
 def test_ring_all_reduce_executes_2p_minus_2_messages_of_one_chunk(n):

@@ -4,7 +4,8 @@ Every function whose first argument is a per-device block runs *inside* ``jax.sh
 takes the mesh axis it communicates over as ``axis_name``. Shapes are per device; ``p`` is the
 size of that axis. The hand-built versions return the same values as the built-ins (up to
 floating-point summation order) so that labs can check them, time them and compare both with
-:mod:`clusterlab.costmodel`.
+:mod:`clusterlab.costmodel`. Reading which collectives a compiled program holds is
+:mod:`clusterlab.hlo`'s job; its names are re-exported here.
 
 References:
     Thakur, Rabenseifner & Gropp, "Optimization of Collective Communication Operations in
@@ -16,12 +17,18 @@ References:
 from __future__ import annotations
 
 import functools
-import re
-from typing import Callable, NamedTuple
+from typing import Callable
 
 import jax
 import jax.numpy as jnp
 from jax.sharding import Mesh, PartitionSpec as P
+
+# Program inspection (HLO parsing) is its own module; its names stay reachable from here, where
+# labs and keys have always called them (``collectives.compiled_collectives(...)``).
+from clusterlab.hlo import (  # noqa: F401
+    COLLECTIVE_KINDS, SEPARATE_ALL_REDUCES, CollectiveOp, CollectiveSummary, HloInstruction,
+    collectives_in_text, compiled_collectives, compiled_text, executed_collectives,
+    hlo_instructions, hlo_op_count, shape_bytes, summarize)
 
 # The ops that can be run on devices: the cost model's list less "reduce", since XLA has no
 # reduce-to-one-device collective (its all-reduce does that work and more).
@@ -287,29 +294,6 @@ def make_collective(op: str, mesh: Mesh, axis_name: str, *,
                                  check_vma=False))
 
 
-def hlo_op_count(jitted: Callable[..., object], *args, op: str = "collective-permute") -> int:
-    """How many ``op`` instructions XLA compiled into the program of ``jitted(*args)``.
-
-    Counting the collectives in the compiled program shows what runs, not what the Python code
-    suggests: a ring all-reduce over p devices compiles to 2(p-1) ``collective-permute``
-    instructions, and ``jit`` over sharded inputs inserts the ``all-reduce`` a sum needs.
-    Asynchronous pairs (``op-start``/``op-done``, as on GPUs) count once.
-
-    Args:
-        jitted: a ``jax.jit``-wrapped function.
-        *args: example arguments (arrays with their shardings) to compile it for.
-        op: an XLA opcode, e.g. ``"collective-permute"``, ``"all-reduce"``, ``"all-gather"``.
-
-    Returns:
-        The number of instructions with that opcode, across all computations of the program.
-    """
-    if not hasattr(jitted, "lower"):
-        raise TypeError("hlo_op_count needs a jax.jit-wrapped function (it calls .lower); "
-                        "wrap yours with jax.jit first.")
-    return sum(ins.opcode in (op, f"{op}-start")
-               for ins in hlo_instructions(compiled_text(jitted, *args)))
-
-
 # --- Tensor-parallel pairs (Megatron's f and g) ------------------------------------------------
 # Megatron-LM names two conjugate operators, and so do these wrappers. Inside the default
 # ``jax.shard_map(..., check_vma=True)`` JAX tracks which values vary over a mesh axis and which
@@ -498,183 +482,6 @@ def all_reduce_gradients(grads, axis_name: str, *, bucket_bytes: int | None = No
     return jax.tree.unflatten(treedef, out)
 
 
-# --- Program inspection: the collectives XLA compiled ------------------------------------------
-
-# XLA's collective opcodes. Asynchronous versions (``all-reduce-start``/``all-reduce-done``, as
-# on GPUs) are counted once, at ``-done``, whose shape is the result.
-COLLECTIVE_KINDS = ("all-reduce", "all-gather", "reduce-scatter", "collective-permute",
-                    "all-to-all", "collective-broadcast", "ragged-all-to-all")
-
-# Compiler options that keep independent all-reduces apart. XLA's all-reduce combiner merges
-# them into one (a tuple all-reduce), which is bucketing done by the compiler; turn it off to see
-# the all-reduces the program asks for. Pass as ``jax.jit(f, compiler_options=...)``. The CPU and
-# GPU pipelines name the pass differently; unknown names are ignored.
-SEPARATE_ALL_REDUCES = {"xla_disable_hlo_passes": "all-reduce-combiner,cpu-all-reduce-combiner"}
-
-_BITS_PER_ELEMENT = {
-    "pred": 8, "s2": 2, "u2": 2, "s4": 4, "u4": 4, "s8": 8, "u8": 8, "s16": 16, "u16": 16,
-    "f16": 16, "bf16": 16, "s32": 32, "u32": 32, "f32": 32, "s64": 64, "u64": 64, "f64": 64,
-    "c64": 64, "c128": 128, "token": 0,
-}
-_ARRAY_SHAPE = re.compile(r"\b([a-z][a-z0-9]*)\[([^\]]*)\]")
-_OPCODE_AFTER_SHAPE = re.compile(r"\s*([a-z][a-z0-9-]*)\(")
-
-
-class HloInstruction(NamedTuple):
-    """One instruction of an HLO module's text: ``name = shape opcode(...)``."""
-
-    name: str
-    shape: str  # e.g. "f32[8,128]{1,0}" or a tuple "(f32[8]{0}, f32[4]{0})"
-    opcode: str
-
-
-class CollectiveOp(NamedTuple):
-    """One collective in a compiled program.
-
-    Attributes:
-        kind: the XLA opcode without ``-start``/``-done``, e.g. ``"all-reduce"``.
-        bytes: bytes of its result per device, from the HLO shape (tuples summed), e.g.
-            ``f32[1024]`` is 4096 bytes; for an all-reduce that is the buffer reduced.
-        shape: the HLO result shape as printed.
-    """
-
-    kind: str
-    bytes: int
-    shape: str
-
-
-class CollectiveSummary(NamedTuple):
-    """How many collectives of one kind a program holds, and their bytes added up."""
-
-    n_ops: int
-    total_bytes: int
-
-
-def shape_bytes(shape: str) -> int:
-    """Bytes of an HLO shape string: ``"f32[8,128]{1,0}"`` is 4096; tuples are summed.
-
-    Raises:
-        ValueError: for an element type this table does not know.
-    """
-    total_bits = 0
-    for dtype, dims in _ARRAY_SHAPE.findall(shape):
-        if dtype.startswith("f8") or dtype.startswith("f4") or dtype.startswith("f6"):
-            bits = int(re.sub(r"\D.*", "", dtype[1:]) or 8)  # f8e4m3fn -> 8, f4e2m1fn -> 4
-        elif dtype in _BITS_PER_ELEMENT:
-            bits = _BITS_PER_ELEMENT[dtype]
-        else:
-            raise ValueError(f"Unknown HLO element type {dtype!r} in shape {shape!r}.")
-        n = 1
-        for dim in filter(None, dims.split(",")):
-            n *= int(dim.strip().lstrip("<="))  # "<=8": a dynamic dimension's bound
-        total_bits += n * bits
-    return (total_bits + 7) // 8
-
-
-def _split_shape(right: str) -> tuple[str, str]:
-    """Split ``"shape opcode(...)"`` into the shape and the rest; tuple shapes nest parens."""
-    if not right.startswith("("):
-        shape, _, rest = right.partition(" ")
-        return shape, rest
-    depth = 0
-    for i, char in enumerate(right):
-        depth += char == "("
-        depth -= char == ")"
-        if depth == 0:
-            return right[:i + 1], right[i + 1:]
-    return right, ""
-
-
-def hlo_instructions(text: str) -> list[HloInstruction]:
-    """Parse the instructions out of an HLO module's text (``compiled.as_text()``).
-
-    Args:
-        text: HLO text; every computation in it is read, so an instruction inside a fusion or a
-            loop body counts once however often it runs.
-
-    Returns:
-        The instructions in the order printed.
-    """
-    out = []
-    for line in text.splitlines():
-        left, equals, right = line.strip().partition(" = ")
-        name = left.removeprefix("ROOT ").strip()
-        if not equals or not name or " " in name:  # headers, metadata, attributes
-            continue
-        shape, rest = _split_shape(right.strip())
-        match = _OPCODE_AFTER_SHAPE.match(rest)
-        if match:
-            out.append(HloInstruction(name, shape, match.group(1)))
-    return out
-
-
-def compiled_text(jitted: Callable[..., object], *args) -> str:
-    """The HLO text XLA compiled for ``jitted(*args)`` (after SPMD partitioning, per device).
-
-    Args:
-        jitted: a ``jax.jit``- or ``jax.pmap``-wrapped function.
-        *args: example arguments (arrays with their shardings) to compile it for.
-    """
-    if not hasattr(jitted, "lower"):
-        raise TypeError("Inspecting a compiled program needs a jax.jit-wrapped function (it "
-                        "calls .lower); wrap yours with jax.jit first.")
-    return jitted.lower(*args).compile().as_text()
-
-
-def compiled_collectives(jitted: Callable[..., object], *args) -> list[CollectiveOp]:
-    """The collectives XLA compiled into the program of ``jitted(*args)``, with their bytes.
-
-    What runs is what the compiled program says, not what the Python code suggests: ``jit`` over
-    sharded inputs inserts the all-reduces a sum needs, and XLA's combiner merges independent
-    all-reduces into one. Bytes are per device, of each collective's result: for an all-reduce
-    the buffer reduced (nccl-tests' ``size``), which a ring sends ``2(p-1)/p`` times over the wire
-    (:func:`clusterlab.costmodel.collective_steps_and_bytes`).
-
-    Args:
-        jitted: a ``jax.jit``- or ``jax.pmap``-wrapped function.
-        *args: example arguments to compile it for.
-
-    Returns:
-        One :class:`CollectiveOp` per collective instruction, in program order; asynchronous
-        start/done pairs count once.
-    """
-    return collectives_in_text(compiled_text(jitted, *args))
-
-
-def collectives_in_text(text: str) -> list[CollectiveOp]:
-    """The collectives in HLO text, as :func:`compiled_collectives` reads them.
-
-    Args:
-        text: an HLO module's text, e.g. ``jax.jit(f).lower(x).compile().as_text()``.
-
-    Returns:
-        One :class:`CollectiveOp` per collective instruction; ``-start`` halves of asynchronous
-        pairs are skipped and the ``-done`` halves counted.
-    """
-    ops = []
-    for ins in hlo_instructions(text):
-        kind = ins.opcode.removesuffix("-done")
-        if kind in COLLECTIVE_KINDS:
-            ops.append(CollectiveOp(kind, shape_bytes(ins.shape), ins.shape))
-    return ops
-
-
-def summarize(ops: list[CollectiveOp]) -> dict[str, CollectiveSummary]:
-    """Count and total bytes per collective kind, e.g. ``{"all-reduce": (1, 4096)}``.
-
-    Args:
-        ops: from :func:`compiled_collectives`.
-
-    Returns:
-        A dict from kind to :class:`CollectiveSummary`, kinds in order of first appearance.
-    """
-    summary: dict[str, CollectiveSummary] = {}
-    for op in ops:
-        n_ops, total = summary.get(op.kind, (0, 0))
-        summary[op.kind] = CollectiveSummary(n_ops + 1, total + op.bytes)
-    return summary
-
-
 def hierarchical_all_reduce(x: jax.Array, *, intra_axis: str, inter_axis: str) -> jax.Array:
     """Two-level all-reduce: reduce-scatter inside a host, all-reduce across, all-gather inside.
 
@@ -707,7 +514,7 @@ def hierarchical_all_reduce(x: jax.Array, *, intra_axis: str, inter_axis: str) -
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(1, 2))
 def gather_params(shard: jax.Array, axis_name: str, axis: int = 0) -> jax.Array:
-    """ZeRO-3/FSDP's parameter gather: all-gather forward, reduce-scatter (sum) of the gradient backward.
+    """ZeRO-3/FSDP's parameter gather: all-gather forward, reduce-scatter (a sum) backward.
 
     Each device stores ``1/p`` of a parameter; just before a layer runs, the shards are gathered
     into the whole parameter. Every device then uses the whole parameter on its own batch slice,
@@ -780,64 +587,3 @@ def reduce_scatter_gradients(grads: jax.Array, axis_name: str, *, axis: int = 0,
                          f"into {p} shards; make it a multiple of {p}.")
     summed = jax.lax.psum_scatter(grads, axis_name, scatter_dimension=axis, tiled=True)
     return summed / p if mean else summed
-
-
-_WHILE_BODY = re.compile(r"\bbody=%?([\w.\-]+)")
-_CALLEE = re.compile(r"\bto_apply=%?([\w.\-]+)")
-_TRIP_COUNT = re.compile(r'"known_trip_count":\{"n":"(\d+)"\}')
-
-
-def executed_collectives(jitted: Callable[..., object], *args) -> list[CollectiveOp]:
-    """Like :func:`compiled_collectives`, but a collective inside a loop counts once per trip.
-
-    A model whose layers run in a ``jax.lax.scan`` compiles to a ``while`` loop whose body holds
-    one layer's collectives; :func:`compiled_collectives` lists that body once.
-    This function follows the program from its entry computation into ``while`` bodies (times
-    the ``known_trip_count`` XLA records, 1 when it is unknown) and ``call`` targets, and repeats
-    each collective as often as it runs. Collectives in conditional branches are not counted.
-
-    Args:
-        jitted: a ``jax.jit``-wrapped function.
-        *args: example arguments to compile it for.
-
-    Returns:
-        One :class:`CollectiveOp` per collective *executed*, in program order.
-    """
-    computations: dict[str, list[str]] = {}
-    entry, current = None, None
-    for line in compiled_text(jitted, *args).splitlines():
-        if line and not line[0].isspace() and line.rstrip().endswith("{"):
-            header = line.split()
-            is_entry = header[0] == "ENTRY"
-            current = (header[1] if is_entry else header[0]).lstrip("%")
-            computations[current] = []
-            entry = current if is_entry else entry
-        elif current is not None and line.strip() and line.strip() != "}":
-            computations[current].append(line)
-    if entry is None:
-        raise ValueError("No ENTRY computation found in the compiled program text.")
-
-    def walk(name: str, depth: int = 0) -> list[CollectiveOp]:
-        if depth > 64:
-            raise ValueError("Computations nest too deeply to follow.")
-        ops: list[CollectiveOp] = []
-        for line in computations.get(name, []):
-            parsed = hlo_instructions(line)
-            if not parsed:
-                continue
-            ins = parsed[0]
-            kind = ins.opcode.removesuffix("-done")
-            if kind in COLLECTIVE_KINDS:
-                ops.append(CollectiveOp(kind, shape_bytes(ins.shape), ins.shape))
-            elif ins.opcode == "while":
-                body, trips = _WHILE_BODY.search(line), _TRIP_COUNT.search(line)
-                if body:
-                    ops.extend(walk(body.group(1), depth + 1) * (int(trips.group(1)) if trips
-                                                                  else 1))
-            elif ins.opcode == "call":
-                callee = _CALLEE.search(line)
-                if callee:
-                    ops.extend(walk(callee.group(1), depth + 1))
-        return ops
-
-    return walk(entry)
