@@ -106,8 +106,8 @@ class Schedule:
     def lockstep_time_s(self, forward_s: float, backward_s: float) -> float:
         """Seconds of one step when every slot lasts as long as its slowest stage's work.
 
-        That is how :mod:`clusterlab.parallel.pipeline` runs it (all devices meet at each slot's ``ppermute``).
-        With ``backward_s == forward_s`` it is ``2 (m + p - 1)`` slots; GPipe's slots hold only
+        That is how :mod:`clusterlab.parallel.pipeline` runs it (all devices meet at each
+        slot's ``ppermute``). With ``backward_s == forward_s`` it is ``2 (m + p - 1)`` slots; GPipe's slots hold only
         forwards or only backwards, so it costs ``(m + p - 1)(forward_s + backward_s)``, while
         1F1B's steady state mixes them and each mixed slot costs ``backward_s``.
 
