@@ -1,6 +1,6 @@
 """The kill test: SIGKILL a training job at random moments, resume it, get the same bits.
 
-``clusterlab.train_demo.kill_test`` runs ``python -m clusterlab.train_demo`` once
+``clusterlab.killtest.kill_test`` runs ``python -m clusterlab.train_demo`` once
 uninterrupted (the reference), then again, killing it with SIGKILL 21 times: each kill aimed
 at a data read, a step or a checkpoint write (seven of each, in a seeded order), at a seeded
 random occurrence and a seeded random moment inside it, and restarting the job after every
@@ -15,14 +15,14 @@ from __future__ import annotations
 
 import pytest
 
-from clusterlab import train_demo
+from clusterlab import killtest
 
 N_KILLS = 21
 SEED = 20261201
 
 
 def test_kill_and_resume_is_bit_identical(tmp_path):
-    report = train_demo.kill_test(tmp_path, kills=N_KILLS, seed=SEED)
+    report = killtest.kill_test(tmp_path, kills=N_KILLS, seed=SEED)
     print(f"\nkill test: {report.summary()}")
     for kill in report.kills:
         print(f"  aimed at {kill.aimed_at:16s} landed in {kill.landed_in:16s} step "
@@ -30,7 +30,7 @@ def test_kill_and_resume_is_bit_identical(tmp_path):
 
     assert len(report.kills) == N_KILLS
     landed = report.landed()
-    assert all(landed[phase] >= 3 for phase in train_demo.PHASES), landed
+    assert all(landed[phase] >= 3 for phase in killtest.PHASES), landed
     assert report.corrupt_reads == 0
     first_resumable = next(i for i, k in enumerate(report.kills) if k.newest_complete is not None)
     assert report.resumes == N_KILLS - first_resumable
@@ -43,15 +43,15 @@ def test_kill_and_resume_is_bit_identical(tmp_path):
 
 
 def test_a_run_that_fails_on_its_own_is_reported_with_its_output(tmp_path):
-    with pytest.raises(train_demo.KillTestError, match=r"(?s)uninterrupted run failed.*"
+    with pytest.raises(killtest.KillTestError, match=r"(?s)uninterrupted run failed.*"
                                                         r"stderr.*read_bytes_per_s"):
-        train_demo.kill_test(tmp_path, kills=1, steps=4, n_samples=256, d_model=8, d_hidden=8,
-                             batch_size=8, read_bytes_per_s=-1.0)
+        killtest.kill_test(tmp_path, kills=1, steps=4, n_samples=256, d_model=8, d_hidden=8,
+                           batch_size=8, read_bytes_per_s=-1.0)
     assert (tmp_path / "logs" / "reference.err").read_text()  # kept on disk as well
 
 
 def test_kill_test_rejects_bad_arguments(tmp_path):
     with pytest.raises(ValueError, match="kills must be a positive integer"):
-        train_demo.kill_test(tmp_path, kills=0)
+        killtest.kill_test(tmp_path, kills=0)
     with pytest.raises(ValueError, match="delay_fraction"):
-        train_demo.kill_test(tmp_path, kills=1, delay_fraction=(0.5, 0.1))
+        killtest.kill_test(tmp_path, kills=1, delay_fraction=(0.5, 0.1))

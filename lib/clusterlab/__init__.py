@@ -13,8 +13,9 @@ configured afterwards):
 * :mod:`clusterlab.storage`, :mod:`clusterlab.reliability` - the data path, failures, checkpoints.
 * :mod:`clusterlab.models`, :mod:`clusterlab.parallel` - small models; data, tensor, pipeline
   and sharded data parallel training steps, each equal to one device.
-* :mod:`clusterlab.data`, :mod:`clusterlab.checkpoint` - on-disk shards and a prefetching loader;
-  checkpoints that survive a kill (:mod:`clusterlab.train_demo` is the job that is killed).
+* :mod:`clusterlab.dataloader`, :mod:`clusterlab.checkpoint` - on-disk shards, a prefetching loader;
+  checkpoints that survive a kill (:mod:`clusterlab.train_demo` is the job that is killed,
+  :mod:`clusterlab.killtest` the harness that kills it).
 * :mod:`clusterlab.distributed`, :mod:`clusterlab.launch` - several JAX processes, one job.
 * :mod:`clusterlab.serving` - serving: prefill and decode on the roofline, the KV cache,
   batching, tensor parallelism for latency, disaggregation, sizing a serving cluster.

@@ -1,4 +1,4 @@
-"""Unit tests of clusterlab.data: shards on disk, the source, the loader, the read cap."""
+"""Unit tests of clusterlab.dataloader: shards on disk, the source, the loader, the read cap."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import time
 import numpy as np
 import pytest
 
-from clusterlab import data
+from clusterlab import dataloader
 
 
 def _arrays(n: int = 100, d: int = 8) -> dict[str, np.ndarray]:
@@ -19,18 +19,18 @@ def _arrays(n: int = 100, d: int = 8) -> dict[str, np.ndarray]:
 @pytest.fixture()
 def dataset(tmp_path):
     directory = tmp_path / "ds"
-    data.write_shards(directory, _arrays(), samples_per_shard=30)
+    dataloader.write_shards(directory, _arrays(), samples_per_shard=30)
     return directory
 
 
 def test_write_and_read_back(dataset):
-    info = data.read_info(dataset)
+    info = dataloader.read_info(dataset)
     assert info.n_samples == 100
     assert info.shard_sizes == (30, 30, 30, 10)
     assert info.fields == {"x": ((8,), "float32"), "y": ((), "int32")}
     assert info.bytes_per_sample == 8 * 4 + 4
     assert info.total_bytes == 100 * 36
-    source = data.ShardedSource(dataset)
+    source = dataloader.ShardedSource(dataset)
     assert len(source) == 100
     for i in (0, 29, 30, 99):
         sample = source[i]
@@ -43,12 +43,12 @@ def test_write_and_read_back(dataset):
 
 
 def test_synthetic_tokens_use_the_smallest_integer_type(tmp_path):
-    info = data.write_synthetic_tokens(tmp_path / "t", n_samples=10, seq_len=16,
+    info = dataloader.write_synthetic_tokens(tmp_path / "t", n_samples=10, seq_len=16,
                                        vocab_size=1000, samples_per_shard=4)
     assert info.fields == {"tokens": ((16,), "uint16")}
-    tokens = np.stack([data.ShardedSource(tmp_path / "t")[i]["tokens"] for i in range(10)])
+    tokens = np.stack([dataloader.ShardedSource(tmp_path / "t")[i]["tokens"] for i in range(10)])
     assert tokens.max() < 1000
-    info = data.write_synthetic_tokens(tmp_path / "u", n_samples=2, seq_len=4,
+    info = dataloader.write_synthetic_tokens(tmp_path / "u", n_samples=2, seq_len=4,
                                        vocab_size=100_000)
     assert info.fields["tokens"][1] == "uint32"
 
@@ -58,10 +58,10 @@ def _take(loader, n):
 
 
 def test_loader_order_is_seeded_and_each_epoch_a_permutation(dataset):
-    source = data.ShardedSource(dataset)
-    a = _take(data.Loader(source, batch_size=10, seed=3), 20)  # two epochs
-    b = _take(data.Loader(source, batch_size=10, seed=3), 20)
-    c = _take(data.Loader(source, batch_size=10, seed=4), 10)
+    source = dataloader.ShardedSource(dataset)
+    a = _take(dataloader.Loader(source, batch_size=10, seed=3), 20)  # two epochs
+    b = _take(dataloader.Loader(source, batch_size=10, seed=3), 20)
+    c = _take(dataloader.Loader(source, batch_size=10, seed=4), 10)
     assert all(np.array_equal(p["y"], q["y"]) for p, q in zip(a, b))
     assert not all(np.array_equal(p["y"], q["y"]) for p, q in zip(a, c))
     epoch0 = np.concatenate([batch["y"] for batch in a[:10]])
@@ -73,20 +73,20 @@ def test_loader_order_is_seeded_and_each_epoch_a_permutation(dataset):
 
 
 def test_loader_resumes_at_its_position_whatever_the_prefetching(dataset):
-    source = data.ShardedSource(dataset)
-    loader = data.Loader(source, batch_size=16, seed=1, prefetch=4, workers=3)
+    source = dataloader.ShardedSource(dataset)
+    loader = dataloader.Loader(source, batch_size=16, seed=1, prefetch=4, workers=3)
     first = _take(loader, 9)
     assert loader.position == 9
-    resumed = data.Loader(source, batch_size=16, seed=1, start_step=5, prefetch=0)
+    resumed = dataloader.Loader(source, batch_size=16, seed=1, start_step=5, prefetch=0)
     for batch in first[5:]:
         np.testing.assert_array_equal(next(resumed)["y"], batch["y"])
     assert resumed.position == 9
-    in_order = _take(data.Loader(source, batch_size=25, shuffle=False), 5)
+    in_order = _take(dataloader.Loader(source, batch_size=25, shuffle=False), 5)
     np.testing.assert_array_equal(in_order[4]["y"], np.arange(25))  # epoch 2 starts again
 
 
 def test_loader_counts_what_it_delivers(dataset):
-    loader = data.Loader(data.ShardedSource(dataset), batch_size=10)
+    loader = dataloader.Loader(dataloader.ShardedSource(dataset), batch_size=10)
     _take(loader, 7)
     stats = loader.stats()
     assert stats.samples == 70 and stats.bytes == 70 * 36
@@ -98,12 +98,12 @@ def test_loader_counts_what_it_delivers(dataset):
 
 def test_read_cap_bounds_throughput_even_with_many_workers(tmp_path):
     sample_bytes = 1024
-    data.write_shards(tmp_path / "big", {"x": np.zeros((64, sample_bytes), np.uint8)},
+    dataloader.write_shards(tmp_path / "big", {"x": np.zeros((64, sample_bytes), np.uint8)},
                       samples_per_shard=16)
     cap_bytes_per_s = 200e3
-    source = data.ShardedSource(tmp_path / "big", read_bytes_per_s=cap_bytes_per_s)
+    source = dataloader.ShardedSource(tmp_path / "big", read_bytes_per_s=cap_bytes_per_s)
     assert source.read_bytes_per_s == cap_bytes_per_s
-    loader = data.Loader(source, batch_size=8, prefetch=4, workers=4)
+    loader = dataloader.Loader(source, batch_size=8, prefetch=4, workers=4)
     start_s = time.perf_counter()
     _take(loader, 6)  # 48 samples = 49,152 bytes
     elapsed_s = time.perf_counter() - start_s
@@ -115,40 +115,40 @@ def test_read_cap_bounds_throughput_even_with_many_workers(tmp_path):
 @pytest.mark.parametrize("cap", [0, 0.0, -5.0, float("inf")])
 def test_a_read_cap_must_be_positive(dataset, cap):
     with pytest.raises(ValueError, match="read"):
-        data.ShardedSource(dataset, read_bytes_per_s=cap)
-    assert data.read_info(dataset).n_samples == 100  # the dataset is untouched
+        dataloader.ShardedSource(dataset, read_bytes_per_s=cap)
+    assert dataloader.read_info(dataset).n_samples == 100  # the dataset is untouched
 
 
 def test_empty_and_missing_datasets_get_clear_errors(tmp_path, dataset):
     with pytest.raises(ValueError, match="empty dataset"):
-        data.write_shards(tmp_path / "empty", {"x": np.zeros((0, 4))}, samples_per_shard=8)
-    assert not (tmp_path / "empty" / data.MANIFEST).exists()
+        dataloader.write_shards(tmp_path / "empty", {"x": np.zeros((0, 4))}, samples_per_shard=8)
+    assert not (tmp_path / "empty" / dataloader.MANIFEST).exists()
     with pytest.raises(ValueError, match="at least one field"):
-        data.write_shards(tmp_path / "none", {}, samples_per_shard=8)
+        dataloader.write_shards(tmp_path / "none", {}, samples_per_shard=8)
     with pytest.raises(FileNotFoundError, match="manifest"):
-        data.ShardedSource(tmp_path / "nowhere")
+        dataloader.ShardedSource(tmp_path / "nowhere")
     # A manifest that describes no samples (hand-made or from another tool).
     (tmp_path / "zero").mkdir()
-    (tmp_path / "zero" / data.MANIFEST).write_text(json.dumps(
+    (tmp_path / "zero" / dataloader.MANIFEST).write_text(json.dumps(
         {"format": "clusterlab-npy-shards-v1", "n_samples": 0, "shard_sizes": [],
          "fields": {"x": {"shape": [4], "dtype": "float32"}}}))
     with pytest.raises(ValueError, match="empty"):
-        data.ShardedSource(tmp_path / "zero")
+        dataloader.ShardedSource(tmp_path / "zero")
     with pytest.raises(ValueError, match="batch_size"):
-        data.Loader(data.ShardedSource(dataset), batch_size=101)
+        dataloader.Loader(dataloader.ShardedSource(dataset), batch_size=101)
 
 
 def test_an_existing_dataset_is_never_overwritten(dataset):
     before = {p.name: p.read_bytes() for p in dataset.iterdir()}
     with pytest.raises(ValueError, match="already holds a dataset"):
-        data.write_shards(dataset, {"x": np.ones((5, 2))}, samples_per_shard=5)
+        dataloader.write_shards(dataset, {"x": np.ones((5, 2))}, samples_per_shard=5)
     assert {p.name: p.read_bytes() for p in dataset.iterdir()} == before
 
 
 def test_a_half_written_dataset_is_not_a_dataset(dataset):
     (dataset / "shard-00002.x.npy").unlink()  # as if the writer had died
     with pytest.raises(FileNotFoundError, match="shard-00002.x.npy"):
-        data.ShardedSource(dataset)
-    (dataset / data.MANIFEST).write_text("{not json")
+        dataloader.ShardedSource(dataset)
+    (dataset / dataloader.MANIFEST).write_text("{not json")
     with pytest.raises(ValueError, match="cannot be read"):
-        data.read_info(dataset)
+        dataloader.read_info(dataset)

@@ -171,7 +171,7 @@ def read_info(directory: str | os.PathLike) -> DatasetInfo:
     if not path.exists():
         raise FileNotFoundError(
             f"No dataset in {directory.name!r}: it has no {MANIFEST}. Write one with "
-            "clusterlab.data.write_shards (a killed writer leaves no manifest, on purpose).")
+            "clusterlab.dataloader.write_shards (a killed writer leaves no manifest, on purpose).")
     try:
         manifest = json.loads(path.read_text())
         if manifest.get("format") != _FORMAT:
@@ -183,7 +183,7 @@ def read_info(directory: str | os.PathLike) -> DatasetInfo:
             shard_sizes=tuple(int(s) for s in manifest["shard_sizes"]))
     except (ValueError, KeyError, TypeError) as err:
         raise ValueError(f"The dataset manifest {MANIFEST} cannot be read ({err}); rewrite the "
-                         "dataset with clusterlab.data.write_shards.") from None
+                         "dataset with clusterlab.dataloader.write_shards.") from None
     if info.n_samples == 0 or not info.fields:
         raise ValueError("The dataset is empty (0 samples or no fields): there is nothing to "
                          "load. Write at least one batch of samples.")
