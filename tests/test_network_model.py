@@ -12,20 +12,17 @@ import math
 
 import pytest
 
-from clusterlab import _nccl, costmodel, plan
+from clusterlab import costmodel, hardware, plan
+from clusterlab.costmodel import _model, _nccl
 from clusterlab.published import nccl_tests
 
 MIB, GIB = 2**20, 2**30
 
 
 def _topo(gpu="H100", **kwargs):
-    from clusterlab import hardware
-    spec = hardware.gpu(gpu)
-    n_nodes = kwargs.pop("n_nodes", 1)
-    g = kwargs.pop("gpus_per_node", 8)
-    fabric = costmodel._fabric(spec, g, n_nodes, kwargs.pop("nic", None),
-                               kwargs.pop("nics_per_node", None), None, None)
-    return costmodel._topology(spec, fabric, n_nodes, g, kwargs.pop("sharp", False))
+    """The graphs the model derives for ``ClusterSpec(gpu, **kwargs)``."""
+    cluster = hardware.ClusterSpec(gpu=gpu, **kwargs)
+    return _model._topology(cluster, _model._node_links(cluster))
 
 
 def _tuned(topo, op, algorithm, protocol):
@@ -59,14 +56,9 @@ def test_ll128_is_on_for_hopper_and_blackwell():
     # tuning.cc:518-535: LL128 on by default on NVLink nodes from Volta on, Hopper included.
     for gpu in ("A100", "H100", "B200"):
         assert any(t.protocol == "LL128" for t in _nccl.tune(_topo(gpu), "all_reduce"))
-    pcie = costmodel._topology(*_pcie_args())
+    pcie = _topo("A100", intra_node_link="PCIe4x16")
     assert not any(t.protocol == "LL128" for t in _nccl.tune(pcie, "all_reduce"))
 
-
-def _pcie_args():
-    from clusterlab import hardware
-    spec = hardware.gpu("A100")
-    return spec, costmodel._fabric(spec, 8, 1, None, None, "PCIe4x16", None), 1, 8, False
 
 
 def test_ll_is_capped_per_architecture_and_node_count():
@@ -174,12 +166,13 @@ def test_all_to_all_across_nodes_is_network_bound():
 
 @pytest.mark.parametrize("kwargs, match", [
     (dict(op="broadcast"), "prices all_reduce"),
-    (dict(n_nodes=2), "need a network"),
+    (dict(n_nodes=2), "needs a network"),
     (dict(gpu="X1"), "Unknown GPU"),
     (dict(n_nodes=2, nic="IB-QDR"), "Unknown link"),
     (dict(algorithm="magic"), "Unknown algorithm"),
     (dict(protocol="LL64"), "Unknown protocol"),
-    (dict(n_nodes=2, nic="IB-NDR", network_bytes_per_s=1e9), "not both"),
+    (dict(intra_node_link="PCIe4x16", intra_node_bytes_per_s=1e9), "not both"),
+    (dict(gpu=None), "Name the cluster"),
     (dict(op="all_to_all", algorithm="ring"), "grouped send/receive"),
     (dict(fabric="Myrinet", n_nodes=2, nic="IB-NDR"), "Unknown fabric"),
 ])
@@ -188,6 +181,34 @@ def test_bad_input_is_named(kwargs, match):
     op, nbytes = args.pop("op"), args.pop("nbytes")
     with pytest.raises(ValueError, match=match):
         costmodel.cluster_collective(op, nbytes, **args)
+
+
+def test_a_spec_and_keywords_together_are_refused():
+    spec = hardware.ClusterSpec.from_node("DGX H100", n_nodes=2)
+    with pytest.raises(ValueError, match=r"not both; change the spec with dataclasses.replace"):
+        costmodel.cluster_collective("all_reduce", 2**20, spec, n_nodes=4)
+
+
+def test_the_keyword_form_is_the_spec_form():
+    spec = hardware.ClusterSpec(gpu="H100", n_nodes=4, nic="IB-NDR", nics_per_node=4)
+    for op in ("all_reduce", "all_gather", "all_to_all"):
+        assert costmodel.cluster_collective(op, 2**26, spec) == costmodel.cluster_collective(
+            op, 2**26, gpu="H100", n_nodes=4, nic="IB-NDR", nics_per_node=4)
+    assert costmodel.all_reduce_time(2**26, spec) == costmodel.cluster_collective(
+        "all_reduce", 2**26, spec).time_s
+
+
+def test_a_network_rate_with_a_nic_name_keeps_the_nics_fabric():
+    # ClusterSpec: network_bytes_per_s overrides nic x nics_per_node, nic names the fabric.
+    named = costmodel.cluster_collective("all_reduce", 2**30, gpu="H100", n_nodes=4,
+                                         nic="Ethernet-400G", network_bytes_per_s=400e9)
+    rate = costmodel.cluster_collective("all_reduce", 2**30, gpu="H100", n_nodes=4,
+                                        network_bytes_per_s=400e9)
+    assert named.time_s == rate.time_s
+    assert named.regime.fabric == rate.regime.fabric == "Ethernet"
+    ib = costmodel.cluster_collective("all_reduce", 2**30, gpu="H100", n_nodes=4, nic="IB-NDR",
+                                      network_bytes_per_s=400e9)
+    assert ib.time_s == rate.time_s and ib.regime.fabric == "InfiniBand"
 
 
 def test_one_gpu_moves_nothing():
