@@ -2,46 +2,68 @@
 
 import pytest
 
-from clusterlab import costmodel, hardware, memory, plan
+from clusterlab import costmodel, flops, hardware, memory, plan
 
 H100 = hardware.gpu("H100")
+# A 3B and a 7B model of 4096-token sequences; FLOPs per token by hand, PaLM's 6N + 12 L s d
+# (the course's one MFU definition, flops.transformer_flops_per_token).
+FLOPS_3B = 6 * 3e9 + 12 * 26 * 4096 * 3072
+FLOPS_7B = 6 * 7e9 + 12 * 32 * 4096 * 4096
 
 
 def test_step_splits_compute_and_exposed_communication():
-    step = plan.data_parallel_step(3e9, 2**22, 256, H100, compute_efficiency=0.5,
-                                   all_reduce_s=0.2, overlap=0.75)
-    compute_s = 6 * 3e9 * 2**22 / (256 * 989e12 * 0.5)
+    step = plan.data_parallel_step(3e9, 2**22, 256, H100, seq_len=4096, n_layers=26,
+                                   d_model=3072, compute_efficiency=0.5, all_reduce_s=0.2,
+                                   overlap=0.75)
+    compute_s = FLOPS_3B * 2**22 / (256 * 989e12 * 0.5)
+    assert step.model_flops == pytest.approx(FLOPS_3B * 2**22)
     assert step.compute_s == pytest.approx(compute_s)
     assert step.communication_s == pytest.approx(0.05)
     assert step.step_s == pytest.approx(compute_s + 0.05)
     # MFU = achieved model FLOP/s over the peak of all devices
-    assert step.mfu == pytest.approx(6 * 3e9 * 2**22 / (compute_s + 0.05) / (256 * 989e12))
+    assert step.mfu == pytest.approx(FLOPS_3B * 2**22 / (compute_s + 0.05) / (256 * 989e12))
+
+
+def test_step_counts_the_course_mfu_flops_of_the_default_shape():
+    # Without a shape, default_shape's; 6N alone would under-count by the attention term.
+    step = plan.data_parallel_step(7e9, 2**22, 512, H100, seq_len=4096, compute_efficiency=0.5,
+                                   all_reduce_s=0.0)
+    layers, width = plan.default_shape(7e9)
+    assert (layers, width) == (33, 4224)
+    per_token = flops.transformer_flops_per_token(7e9, layers, 4096, width)
+    assert per_token == 6 * 7e9 + 12 * 33 * 4096 * 4224
+    assert step.model_flops == pytest.approx(2**22 * per_token)
+    assert step.model_flops > 1.15 * flops.training_flops(7e9, 2**22)
 
 
 def test_overlap_hides_at_most_the_backward_pass():
     # Gradients exist only as the backward pass produces them, so their all-reduce can hide
-    # behind the backward pass (2/3 of the compute: 4 N B of 6 N B) and nothing else. Chapter
-    # 08's cluster B: 7B on 512 H100 at 50%, a 2.386 s all-reduce against 0.696 s of compute.
-    compute_s = 6 * 7e9 * 2**22 / (512 * 989e12 * 0.5)
-    backward_s = 2 / 3 * compute_s                                   # 0.464 s
+    # behind the backward pass (2/3 of the compute: 4 of every 6 FLOPs) and nothing else.
+    # Chapter 08's cluster B: 7B on 512 H100 at 50%, a 2.386 s all-reduce against 0.80 s of
+    # compute.
+    compute_s = FLOPS_7B * 2**22 / (512 * 989e12 * 0.5)
+    backward_s = 2 / 3 * compute_s                                   # 0.535 s
     for overlap in (0.19, 0.5, 1.0):
-        step = plan.data_parallel_step(7e9, 2**22, 512, H100, compute_efficiency=0.5,
+        step = plan.data_parallel_step(7e9, 2**22, 512, H100, seq_len=4096, n_layers=32,
+                                       d_model=4096, compute_efficiency=0.5,
                                        all_reduce_s=2.386, overlap=overlap)
         hidden = min(overlap * 2.386, backward_s)
         assert step.communication_s == pytest.approx(2.386 - hidden)
-    # beyond eta = t_bwd / t_AR (0.19) more overlap hides nothing: the step stays 2.62 s
+    # beyond eta = t_bwd / t_AR (0.22) more overlap hides nothing: the step stays 2.65 s
     assert step.step_s == pytest.approx(compute_s + 2.386 - backward_s)
-    assert step.step_s == pytest.approx(2.618, abs=0.001)
+    assert step.step_s == pytest.approx(2.654, abs=0.001)
     # below the cap the old (1 - eta) t_AR still holds
-    short = plan.data_parallel_step(7e9, 2**22, 512, H100, compute_efficiency=0.5,
-                                    all_reduce_s=0.1, overlap=0.75)
+    short = plan.data_parallel_step(7e9, 2**22, 512, H100, seq_len=4096, n_layers=32,
+                                    d_model=4096, compute_efficiency=0.5, all_reduce_s=0.1,
+                                    overlap=0.75)
     assert short.communication_s == pytest.approx(0.025)
     assert plan.hidden_all_reduce_s(2.0, 0.5, 0.3) == 0.3
     assert plan.hidden_all_reduce_s(2.0, 0.1, 0.3) == pytest.approx(0.2)
 
 
 def test_without_communication_mfu_is_the_compute_efficiency():
-    step = plan.data_parallel_step(1e9, 1e6, 8, H100, compute_efficiency=0.4, all_reduce_s=0.0)
+    step = plan.data_parallel_step(1e9, 1e6, 8, H100, seq_len=1024, compute_efficiency=0.4,
+                                   all_reduce_s=0.0)
     assert step.mfu == pytest.approx(0.4)
 
 
@@ -50,10 +72,11 @@ def test_without_communication_mfu_is_the_compute_efficiency():
     (dict(compute_efficiency=0.0, all_reduce_s=0.1), "compute_efficiency must be a positive"),
     (dict(compute_efficiency=0.5, all_reduce_s=-1.0), "all_reduce_s must be a non-negative"),
     (dict(compute_efficiency=0.5, all_reduce_s=0.1, overlap=1.5), r"in \[0, 1\]"),
+    (dict(compute_efficiency=0.5, all_reduce_s=0.1, n_layers=4), "both n_layers and d_model"),
 ])
 def test_impossible_step_inputs_are_named(kwargs, match):
     with pytest.raises(ValueError, match=match):
-        plan.data_parallel_step(1e9, 1e6, 8, H100, **kwargs)
+        plan.data_parallel_step(1e9, 1e6, 8, H100, seq_len=1024, **kwargs)
 
 
 def test_hierarchical_all_reduce_adds_three_ring_phases():
@@ -89,10 +112,12 @@ NO_OVERLAP = plan.Assumptions(compute_efficiency=0.5, dp_overlap=0.0)
 def test_cluster_takes_numbers_from_the_catalog():
     hw = plan.cluster("h100", 64, storage_read_bytes_per_s=5e9, fabric_link="Ethernet-100G",
                       nics_per_node=4)
+    assert isinstance(hw, hardware.ClusterSpec)
     assert hw.gpu is hardware.gpu("H100")
-    assert hw.intra_node_bytes_per_s == 450e9                 # the GPU's own NVLink
-    assert hw.fabric_bytes_per_s == pytest.approx(12.5e9 * 4 / 8)   # 4 NICs shared by 8 GPUs
-    assert hw.n_nodes == 8
+    assert hw.node_link_bytes_per_s == 450e9                  # the GPU's own NVLink
+    assert hw.network_bytes_per_gpu == pytest.approx(12.5e9 * 4 / 8)   # 4 NICs shared by 8 GPUs
+    assert (hw.n_nodes, hw.nic, hw.nics_per_node) == (8, "Ethernet-100G", 4)
+    assert hw.storage_read_bytes_per_s == 5e9 and hw.name == "64 x H100, Ethernet-100G"
 
 
 def test_predict_by_hand_data_parallel_only():
@@ -174,6 +199,34 @@ def test_predict_by_hand_tensor_and_pipeline():
     assert interleaved.bubble_s == pytest.approx(p.bubble_s / 2)
 
 
+def test_predict_prices_each_group_as_a_part_of_the_one_cluster_spec():
+    # A ClusterSpec from the catalog server: the data-parallel group (4 GPUs in each of 4
+    # nodes, tp = 2) gets 4 of each node's 8 NDR NICs; the tensor-parallel pair is one node's.
+    spec = hardware.ClusterSpec.from_node("DGX H100", n_nodes=4, storage_read_bytes_per_s=1e12)
+    w = plan.Workload(8e9, 2048, 64, n_tokens=1e9, n_layers=32, d_model=4096)
+    p = plan.predict(w, spec, plan.Layout(dp=16, tp=2), NO_OVERLAP)
+    assert p.dp_estimate == costmodel.cluster_collective(
+        "all_reduce", 2 * 8e9 / 2, gpu="H100", n_nodes=4, gpus_per_node=4, nic="IB-NDR",
+        nics_per_node=4)
+    assert p.tp_estimate == costmodel.cluster_collective("all_reduce", 2048 * 4096 * 2,
+                                                         gpu="H100", gpus_per_node=2)
+    # A fractional share of the NICs (one port per node, 4 GPUs of 8) becomes a line rate.
+    one_port = replace(spec, nic="Ethernet-100G", nics_per_node=1)
+    shared = plan.predict(w, one_port, plan.Layout(dp=16, tp=2), NO_OVERLAP)
+    assert shared.dp_estimate == costmodel.cluster_collective(
+        "all_reduce", 2 * 8e9 / 2, gpu="H100", n_nodes=4, gpus_per_node=4,
+        network_bytes_per_s=12.5e9 / 2, fabric="Ethernet")
+
+
+def test_a_pcie_node_link_is_priced_as_pcie():
+    pcie = plan.cluster("H100", 8, storage_read_bytes_per_s=1e12, node_link="PCIe5x16")
+    w = plan.Workload(8e9, 2048, 64, n_tokens=1e9, n_layers=32, d_model=4096)
+    p = plan.predict(w, pcie, plan.Layout(tp=8, dp=1), NO_OVERLAP)
+    assert p.tp_estimate == costmodel.cluster_collective("all_reduce", 2048 * 4096 * 2,
+                                                         gpu="H100", intra_node_link="PCIe5x16")
+    assert p.tp_estimate.regime.fabric == "PCIe"
+
+
 def test_zero3_and_overlap_scale_the_data_parallel_time():
     base = plan.predict(W70, HW1024, plan.Layout(dp=128, tp=8, zero_stage=1), NO_OVERLAP)
     zero3 = plan.predict(W70, HW1024, plan.Layout(dp=128, tp=8, zero_stage=3), NO_OVERLAP)
@@ -219,8 +272,9 @@ def test_plans_say_where_the_network_model_is_unvalidated():
                       plan.Layout(dp=512))
     assert ib.dp_estimate.regime.fabric == "InfiniBand"
     assert ib.validated is ib.dp_estimate.validated
-    # A hand-built Hardware without a fabric_link cannot be placed in a regime: unvalidated.
-    bare = replace(ethernet, fabric_link=None, fabric_bytes_per_s=50e9)
+    # A cluster given by its network's rate without a NIC cannot be placed in a regime:
+    # unvalidated.
+    bare = replace(ethernet, nic=None, network_bytes_per_s=400e9)
     assert plan.predict(w, bare, plan.Layout(dp=512)).validated is False
 
 
@@ -266,7 +320,7 @@ def test_gpus_needed_meets_the_budget_with_the_smallest_power_of_two():
     w = replace(W70, time_budget_s=30 * 86400)
     sized = plan.gpus_needed(w, HW1024)
     assert sized.meets_budget
-    half = replace(HW1024, n_gpus=sized.hardware.n_gpus // 2)
+    half = replace(HW1024, n_nodes=sized.hardware.n_nodes // 2)
     assert not plan.best_plan(w, half).meets_budget
     with pytest.raises(ValueError, match="No cluster of up to 64 GPUs"):
         plan.gpus_needed(w, HW1024, max_gpus=64)
@@ -309,6 +363,10 @@ def test_dataclasses_are_frozen():
     (lambda: plan.predict(W70, HW1024, plan.Layout(dp=1, tp=8, pp=128)), "exceeds the 80 layers"),
     (lambda: plan.predict(replace(W70, global_batch=1000), HW1024, plan.Layout(dp=128, tp=8)),
      "does not divide over dp=128"),
+    (lambda: plan.predict(replace(W70, global_batch=1536), HW1024,
+                          plan.Layout(dp=256, pp=4, virtual_stages=2)), "not a multiple of 4"),
+    (lambda: plan.predict(W70, replace(HW1024, storage_read_bytes_per_s=None),
+                          plan.Layout(dp=128, tp=8)), "needs the cluster's storage"),
     (lambda: plan.rank_layouts(W70, plan.cluster("H100", 8, storage_read_bytes_per_s=1e9)),
      "No layout fits"),
 ])

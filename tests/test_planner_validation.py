@@ -110,8 +110,10 @@ def test_palm_540b_on_6144_tpu_v4():
     # and the data-centre network between the pods 81 Tb/s per pod (section 4 of the paper),
     # 3.3 GB/s per chip. PaLM rematerialized only part of the forward pass (HFU 57.8% = 1.25 x
     # MFU); the planner's recomputation is all of it (4/3).
-    cluster = plan.Hardware(TPU_V4, 6144, 3072, 1.1e15 / 4096, 81e12 / 8 / 3072, 1e12,
-                            name="PaLM: 2 pods of 3072 TPU v4")
+    cluster = hardware.ClusterSpec(TPU_V4, n_nodes=2, gpus_per_node=3072,
+                                   intra_node_bytes_per_s=1.1e15 / 4096,
+                                   network_bytes_per_s=81e12 / 8, storage_read_bytes_per_s=1e12,
+                                   name="PaLM: 2 pods of 3072 TPU v4")
     # d_model is the model width, 18432, which sizes the tensor-parallel all-reduces; the
     # planner also uses it for the attention FLOPs, over-counting them by 0.5% of the total.
     workload = plan.Workload(540e9, 2048, 2048, n_tokens=780e9, n_layers=118, d_model=18432,

@@ -1,0 +1,54 @@
+"""Putting the models together: size a cluster and predict a training step for a workload.
+
+Every model takes a cluster as one :class:`clusterlab.hardware.ClusterSpec` (:func:`cluster`
+builds one from catalog names, counted in GPUs). The package, by job:
+
+* :mod:`~clusterlab.plan.step`: the data-parallel step (:func:`data_parallel_step`): compute
+  from the course's one MFU numerator (:func:`clusterlab.flops.transformer_flops_per_token`),
+  the gradient all-reduce, and the part of it that the backward pass cannot hide.
+* The planner: a :class:`Workload` (model size, tokens or a time budget, sequence length, global
+  batch) on a cluster under a :class:`Layout` (data, tensor and pipeline parallel degrees, ZeRO
+  stage) and :class:`Assumptions` (:mod:`~clusterlab.plan.workload`) gives a :class:`Plan`
+  (:mod:`~clusterlab.plan.prediction`): memory per device, a step summed from compute,
+  tensor-parallel all-reduces (inside a node), pipeline sends and bubble, the data-parallel
+  all-reduce and waiting for storage; MFU, time to train and the bottleneck. :func:`predict`
+  prices one layout; :mod:`~clusterlab.plan.search` ranks all layouts that fit
+  (:func:`rank_layouts`) and finds the smallest cluster that meets a deadline
+  (:func:`gpus_needed`).
+* :mod:`~clusterlab.plan.fabric_comparison`: the course's comparison of fabrics for one
+  data-parallel job (:data:`FABRIC_JOB`, :data:`FABRIC_CLUSTERS`, :func:`fabric_step`,
+  :func:`network_to_match`).
+* :mod:`~clusterlab.plan.power`: facility power, PUE, and what a power budget holds.
+
+Every all-reduce (tensor- and data-parallel) is priced by
+:func:`clusterlab.costmodel.cluster_collective`, latency included. What the planner leaves out,
+on purpose: failures (see :mod:`clusterlab.reliability`).
+
+Units: bytes, seconds, FLOPs, bytes/s per direction (1 GB = 1e9 bytes).
+"""
+
+from clusterlab.plan.fabric_comparison import (FABRIC_CLUSTERS, FABRIC_JOB, DataParallelJob,
+                                               FabricCluster, fabric_step, network_to_match)
+from clusterlab.plan.power import (PUE_HYPERSCALE, PUE_INDUSTRY_AVERAGE, cluster_power_w,
+                                   facility_power_w, gpus_within_power,
+                                   peak_flops_per_facility_w)
+from clusterlab.plan.prediction import (BYTES_PER_VALUE, TP_ALL_REDUCES_PER_LAYER,
+                                        TP_ALL_REDUCES_PER_LAYER_RECOMPUTE, Plan, dp_all_reduce,
+                                        dp_all_reduce_s, predict)
+from clusterlab.plan.search import (best_plan, candidate_layouts, describe_plan, format_plans,
+                                    gpus_needed, rank_layouts)
+from clusterlab.plan.step import (BACKWARD_FRACTION, BACKWARD_FRACTION_RECOMPUTE, StepTime,
+                                  data_parallel_step, default_shape, hidden_all_reduce_s,
+                                  model_shape)
+from clusterlab.plan.workload import Assumptions, Layout, Workload, cluster
+
+__all__ = [
+    "BACKWARD_FRACTION", "BACKWARD_FRACTION_RECOMPUTE", "BYTES_PER_VALUE", "FABRIC_CLUSTERS",
+    "FABRIC_JOB", "PUE_HYPERSCALE", "PUE_INDUSTRY_AVERAGE", "TP_ALL_REDUCES_PER_LAYER",
+    "TP_ALL_REDUCES_PER_LAYER_RECOMPUTE", "Assumptions", "DataParallelJob", "FabricCluster",
+    "Layout", "Plan", "StepTime", "Workload", "best_plan", "candidate_layouts", "cluster",
+    "cluster_power_w", "data_parallel_step", "default_shape", "describe_plan", "dp_all_reduce",
+    "dp_all_reduce_s", "fabric_step", "facility_power_w", "format_plans", "gpus_needed",
+    "gpus_within_power", "hidden_all_reduce_s", "model_shape", "network_to_match",
+    "peak_flops_per_facility_w", "predict", "rank_layouts",
+]

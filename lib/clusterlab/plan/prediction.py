@@ -1,0 +1,374 @@
+"""One layout's prediction: :func:`predict` sums a step from small terms, each priced by the
+function that owns its formula, into a :class:`Plan`.
+
+References:
+    Narayanan et al., "Efficient Large-Scale Language Model Training on GPU Clusters Using
+    Megatron-LM", SC 2021, sections 2-3 (the three-dimensional layout, the bubble
+    ``(p-1)/(m+p-1)``, the tensor-parallel all-reduces). https://arxiv.org/abs/2104.04473
+    Rajbhandari et al., "ZeRO", SC 2020 (memory and communication of the stages).
+    https://arxiv.org/abs/1910.02054
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from clusterlab import costmodel, flops, memory, storage
+from clusterlab.hardware import ClusterSpec
+from clusterlab.plan._network import all_reduce, group_of
+from clusterlab.plan.step import BACKWARD_FRACTION, BACKWARD_FRACTION_RECOMPUTE, hidden_all_reduce_s
+from clusterlab.plan.workload import Assumptions, Layout, Workload
+
+BYTES_PER_VALUE = 2  # BF16: parameters, gradients and activations as they travel (2 bytes)
+
+# Tensor-parallel all-reduces per transformer layer and micro-batch (Megatron-LM): two in the
+# forward pass (after attention, after the MLP) and two in the backward pass; a full
+# recomputation of the forward pass adds its two again (Narayanan et al. 2021, section 3.2).
+TP_ALL_REDUCES_PER_LAYER = 4
+TP_ALL_REDUCES_PER_LAYER_RECOMPUTE = 6
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A layout's prediction: memory, the step and its parts, MFU, time to train.
+
+    The step is ``compute + tensor-parallel all-reduce + pipeline sends + pipeline bubble + exposed
+    data-parallel all-reduce + data wait``; storage prefetches, so it only adds the part of its
+    load time that exceeds the rest of the step.
+    """
+
+    workload: Workload
+    hardware: ClusterSpec
+    layout: Layout
+    assumptions: Assumptions
+    memory_bytes: float          # model states + activations per GPU
+    memory_limit_bytes: float    # GPU memory less the reserve
+    states_bytes: float          # parameters, gradients, optimizer state (ZeRO-sharded)
+    activation_bytes: float      # activations kept for the backward pass, busiest stage
+    compute_s: float             # forward + backward (+ recomputation) at compute_efficiency
+    tp_comm_s: float             # tensor-parallel all-reduces, node interconnect, not hidden
+    pp_comm_s: float             # pipeline sends of activations and their gradients, not hidden
+    bubble_s: float              # pipeline bubble: (p-1)/(v m) of compute + tp
+    dp_comm_s: float             # data-parallel all-reduce (or ZeRO's collectives), exposed
+    data_wait_s: float           # waiting for storage beyond the rest of the step
+    load_s: float                # storage time for one step's tokens (prefetched)
+    model_flops_per_step: float  # tokens_per_step * flops_per_token (no recomputation)
+    #: cluster_collective's estimates of one data-parallel all-reduce (the gradients, before
+    #: ZeRO-3's factor, contention and overlap) and of one tensor-parallel all-reduce; None
+    #: where there is none. Their ``validated`` flags say whether published rows back them.
+    dp_estimate: costmodel.CollectiveEstimate | None = field(default=None, compare=False)
+    tp_estimate: costmodel.CollectiveEstimate | None = field(default=None, compare=False)
+
+    @property
+    def validated(self) -> bool:
+        """Whether every all-reduce the plan prices lies in a regime with published rows
+        (``costmodel.validation_by_regime``); False: some of its network time is unvalidated."""
+        return all(e.validated for e in (self.dp_estimate, self.tp_estimate) if e is not None)
+
+    @property
+    def network_model(self) -> str:
+        """"validated" or "unvalidated", for tables: see :attr:`validated`."""
+        return "validated" if self.validated else "unvalidated"
+
+    @property
+    def step_s(self) -> float:
+        return (self.compute_s + self.tp_comm_s + self.pp_comm_s + self.bubble_s
+                + self.dp_comm_s + self.data_wait_s)
+
+    @property
+    def fits(self) -> bool:
+        return self.memory_bytes <= self.memory_limit_bytes
+
+    @property
+    def mfu(self) -> float:
+        """Model FLOPs utilization of the whole step (recomputation not counted)."""
+        return flops.mfu(self.model_flops_per_step / self.step_s, self.hardware.n_gpus,
+                         self.hardware.gpu.bf16_flops)
+
+    @property
+    def hfu(self) -> float:
+        """Hardware FLOPs utilization: recomputed FLOPs counted too."""
+        return self.mfu * (4 / 3 if self.workload.recompute else 1.0)
+
+    @property
+    def time_to_train_s(self) -> float | None:
+        """Seconds to train on ``workload.n_tokens`` (None without a token count)."""
+        if self.workload.n_tokens is None:
+            return None
+        return self.workload.n_tokens / self.workload.tokens_per_step * self.step_s
+
+    @property
+    def tokens_in_budget(self) -> float | None:
+        """Tokens trained within ``workload.time_budget_s`` (None without a budget)."""
+        if self.workload.time_budget_s is None:
+            return None
+        return self.workload.time_budget_s / self.step_s * self.workload.tokens_per_step
+
+    @property
+    def meets_budget(self) -> bool | None:
+        """Whether the tokens fit the budget (None unless both are given)."""
+        if self.workload.n_tokens is None or self.workload.time_budget_s is None:
+            return None
+        return self.time_to_train_s <= self.workload.time_budget_s
+
+    def breakdown(self) -> dict[str, float]:
+        """Seconds per step by what the GPUs are doing or waiting for."""
+        return {"compute": self.compute_s, "tensor-parallel all-reduce": self.tp_comm_s,
+                "pipeline send/receive": self.pp_comm_s, "pipeline bubble": self.bubble_s,
+                "data-parallel all-reduce": self.dp_comm_s, "storage": self.data_wait_s}
+
+    @property
+    def bottleneck(self) -> str:
+        """The resource the step spends most time on: compute, node interconnect, pipeline
+        bubble, fabric or storage (the data-parallel all-reduce inside one node counts as the
+        node interconnect)."""
+        if self.data_wait_s > 0:
+            return "storage"
+        parts = self.breakdown()
+        largest = max(parts, key=parts.get)
+        dp_nodes = _dp_placement(self.layout, self.hardware)[1]
+        stages_apart = _stages_cross_nodes(self.layout, self.hardware)
+        return {"compute": "compute", "tensor-parallel all-reduce": "node interconnect",
+                "pipeline send/receive": "fabric" if stages_apart else "node interconnect",
+                "pipeline bubble": "pipeline bubble",
+                "data-parallel all-reduce": "fabric" if dp_nodes > 1 else "node interconnect",
+                "storage": "storage"}[largest]
+
+
+def dp_all_reduce(nbytes: float, local: int, nodes: int,
+                  cluster: ClusterSpec) -> costmodel.CollectiveEstimate | None:
+    """:func:`clusterlab.costmodel.cluster_collective`'s estimate of the data-parallel
+    all-reduce (see :func:`dp_all_reduce_s`), with its regime and ``validated`` flag.
+
+    Returns:
+        The estimate; None for a group of one GPU. Without a NIC name (``cluster.nic``) the
+        fabric is unknown and the estimate is marked unvalidated.
+    """
+    if local * nodes == 1:
+        return None
+    return all_reduce(nbytes, group_of(cluster, local, nodes))
+
+
+def dp_all_reduce_s(nbytes: float, local: int, nodes: int, cluster: ClusterSpec) -> float:
+    """Seconds of the data-parallel all-reduce of ``nbytes`` per GPU on ``cluster``.
+
+    One data-parallel group has ``local`` GPUs in each of ``nodes`` nodes; it uses their share
+    of the node's NICs (``local / gpus_per_node`` of them). Priced by
+    :func:`clusterlab.costmodel.cluster_collective`, the one model of NCCL across nodes
+    (NVLink and network pipelined, all NICs in parallel, NVLS where NCCL picks it, latency by
+    protocol).
+
+    Args:
+        nbytes: the gradient bytes each GPU all-reduces.
+        local: GPUs of the group in one node.
+        nodes: nodes the group spans.
+        cluster: the cluster.
+
+    Returns:
+        Seconds; 0 for a group of one GPU.
+    """
+    estimate = dp_all_reduce(nbytes, local, nodes, cluster)
+    return 0.0 if estimate is None else estimate.time_s
+
+
+def _dp_placement(layout: Layout, cluster: ClusterSpec) -> tuple[int, int]:
+    """(replicas of one data-parallel group inside a node, nodes the group spans)."""
+    local = math.gcd(layout.dp, max(1, cluster.gpus_per_node // layout.tp))
+    return local, layout.dp // local
+
+
+def _stages_cross_nodes(layout: Layout, cluster: ClusterSpec) -> bool:
+    """Whether neighbouring pipeline stages sit on different nodes (stages are outermost)."""
+    return layout.pp > 1 and layout.tp * layout.dp >= cluster.gpus_per_node
+
+
+def _check_layout(workload: Workload, cluster: ClusterSpec, layout: Layout) -> int:
+    """Validate a layout for a workload on a cluster; return micro-batches per replica."""
+    if layout.n_gpus != cluster.n_gpus:
+        raise ValueError(
+            f"Layout {layout} uses dp*tp*pp = {layout.n_gpus} GPUs but the cluster has "
+            f"{cluster.n_gpus}; the product must equal the GPU count (e.g. dp = "
+            f"{cluster.n_gpus / (layout.tp * layout.pp):g} for tp={layout.tp}, pp={layout.pp}).")
+    if layout.tp > cluster.gpus_per_node or cluster.gpus_per_node % layout.tp:
+        raise ValueError(f"tp={layout.tp} must divide the {cluster.gpus_per_node} GPUs of a "
+                         f"node: tensor parallelism stays on the node interconnect.")
+    n_layers, _ = workload.shape
+    if layout.pp * layout.virtual_stages > n_layers:
+        raise ValueError(f"pp * virtual_stages = {layout.pp * layout.virtual_stages} exceeds the "
+                         f"{n_layers} layers; each stage needs at least one layer.")
+    if workload.global_batch % layout.dp:
+        raise ValueError(f"The global batch of {workload.global_batch} sequences does not divide "
+                         f"over dp={layout.dp} replicas; choose dp dividing it.")
+    per_replica = workload.global_batch // layout.dp
+    if per_replica % layout.micro_batch:
+        raise ValueError(f"Each replica's {per_replica} sequences do not divide into "
+                         f"micro-batches of {layout.micro_batch}.")
+    if cluster.storage_read_bytes_per_s is None:
+        raise ValueError("The planner needs the cluster's storage: give the ClusterSpec a "
+                         "storage_read_bytes_per_s (plan.cluster requires it).")
+    return per_replica // layout.micro_batch
+
+
+# --- The terms of a step ---------------------------------------------------------------------
+
+def _memory(workload: Workload, cluster: ClusterSpec, layout: Layout,
+            microbatches: int) -> tuple[float, float]:
+    """(model states, activations) per GPU of the busiest (first) pipeline stage, in bytes.
+
+    The states are :func:`clusterlab.memory.training_memory_per_device` of the ``N/(tp pp)``
+    parameters a GPU holds, ZeRO-sharded over ``dp``. The activations are one micro-batch's of
+    the stage's layers (:func:`clusterlab.memory.transformer_layer_activation_bytes`, sequence
+    parallel whenever tp > 1; without full recomputation attention's scores are recomputed,
+    FlashAttention-style, "selective" in Korthikanti et al.) times the micro-batches 1F1B keeps
+    in flight (:func:`clusterlab.costmodel.pipeline_activation_microbatches`); an interleaved
+    schedule is counted as 1F1B.
+    """
+    n_layers, d_model = workload.shape
+    states_bytes = memory.training_memory_per_device(
+        workload.n_params / (layout.tp * layout.pp), layout.dp, layout.zero_stage)
+    layer_bytes = memory.transformer_layer_activation_bytes(
+        workload.seq_len, layout.micro_batch, d_model, workload.heads,
+        tensor_parallel=layout.tp, sequence_parallel=layout.tp > 1,
+        recompute="full" if workload.recompute else "selective")
+    in_flight = costmodel.pipeline_activation_microbatches(layout.pp, microbatches, "1f1b")
+    return states_bytes, layer_bytes * math.ceil(n_layers / layout.pp) * in_flight
+
+
+def _compute_s(workload: Workload, cluster: ClusterSpec, assumptions: Assumptions) -> float:
+    """Forward and backward of the step's model FLOPs (4/3 of them with full recomputation)
+    at ``compute_efficiency`` of the cluster's peak."""
+    hardware_flops = (workload.tokens_per_step * workload.flops_per_token
+                      * (4 / 3 if workload.recompute else 1.0))
+    return hardware_flops / (cluster.n_gpus * cluster.gpu.bf16_flops
+                             * assumptions.compute_efficiency)
+
+
+def _tensor_parallel(workload: Workload, cluster: ClusterSpec, layout: Layout,
+                     microbatches: int) -> tuple[float, costmodel.CollectiveEstimate | None]:
+    """Seconds of the tensor-parallel all-reduces and one all-reduce's estimate.
+
+    ``m (L/pp) k`` all-reduces of one micro-batch's activations over the ``tp`` GPUs of a node
+    (``k`` Megatron's all-reduces per layer), none hidden.
+    """
+    if layout.tp == 1:
+        return 0.0, None
+    n_layers, d_model = workload.shape
+    # act: bf16[micro_batch, seq_len, d_model], one all-reduce of a layer
+    act_bytes = layout.micro_batch * workload.seq_len * d_model * BYTES_PER_VALUE
+    per_layer = (TP_ALL_REDUCES_PER_LAYER_RECOMPUTE if workload.recompute
+                 else TP_ALL_REDUCES_PER_LAYER)
+    estimate = all_reduce(act_bytes, group_of(cluster, layout.tp, 1))
+    return microbatches * (n_layers / layout.pp) * per_layer * estimate.time_s, estimate
+
+
+def _pipeline_sends_s(workload: Workload, cluster: ClusterSpec, layout: Layout,
+                      microbatches: int) -> float:
+    """Seconds of the pipeline's point-to-point sends, none hidden.
+
+    Each micro-batch's activations bf16[b, s, d] go to the next stage and their gradients come
+    back; with tensor parallelism each of the tp GPUs sends 1/tp of them (Megatron's
+    scatter/gather), over the network when neighbouring stages are on different nodes.
+    Interleaving sends v times as often.
+    """
+    if layout.pp == 1:
+        return 0.0
+    send_bytes = (layout.micro_batch * workload.seq_len * workload.shape[1] * BYTES_PER_VALUE
+                  / layout.tp)
+    link_bytes_per_s = (cluster.network_bytes_per_gpu if _stages_cross_nodes(layout, cluster)
+                        else cluster.node_link_bytes_per_s)
+    return 2 * microbatches * layout.virtual_stages * send_bytes / link_bytes_per_s
+
+
+def _bubble_s(work_s: float, layout: Layout, microbatches: int) -> float:
+    """The pipeline bubble's seconds: the idle fraction ``f`` of the pipeline's time
+    (:func:`clusterlab.costmodel.pipeline_bubble_fraction`) is ``f / (1 - f)`` of the work,
+    ``(p-1)/(v m)``."""
+    schedule = "interleaved" if layout.virtual_stages > 1 else "1f1b"
+    idle = costmodel.pipeline_bubble_fraction(layout.pp, microbatches, schedule,
+                                              virtual_stages=layout.virtual_stages)
+    return work_s * idle / (1 - idle)
+
+
+def _data_parallel(workload: Workload, cluster: ClusterSpec, layout: Layout,
+                   assumptions: Assumptions,
+                   compute_s: float) -> tuple[float, costmodel.CollectiveEstimate | None]:
+    """Exposed seconds of the data-parallel all-reduce and its estimate.
+
+    :func:`dp_all_reduce` of the GPU's BF16 gradients, x ``dp_contention_factor`` when the group
+    spans nodes, x 1.5 for ZeRO-3 (its extra parameter all-gather), of which
+    ``min(dp_overlap t, t_bwd)`` is hidden (:func:`hidden_all_reduce_s`; ``t_bwd``:
+    ``BACKWARD_FRACTION`` of the compute, 3/4 with recomputation).
+    """
+    if layout.dp == 1:
+        return 0.0, None
+    grad_bytes = workload.n_params / (layout.tp * layout.pp) * BYTES_PER_VALUE
+    local, nodes = _dp_placement(layout, cluster)
+    estimate = dp_all_reduce(grad_bytes, local, nodes, cluster)
+    all_reduce_s = estimate.time_s
+    if nodes > 1:     # the fabric's contention (fabric.contention_factor)
+        all_reduce_s *= assumptions.dp_contention_factor
+    dp_s = (1.5 if layout.zero_stage == 3 else 1.0) * all_reduce_s
+    backward_s = compute_s * (BACKWARD_FRACTION_RECOMPUTE if workload.recompute
+                              else BACKWARD_FRACTION)
+    return dp_s - hidden_all_reduce_s(dp_s, assumptions.dp_overlap, backward_s), estimate
+
+
+def _storage(workload: Workload, cluster: ClusterSpec, rest_s: float) -> tuple[float, float]:
+    """(seconds waited for storage, seconds to load a step's data): the step's ``tokens *
+    bytes_per_token`` at the storage's read rate (:func:`clusterlab.storage.load_time_s`),
+    prefetched, so only its excess over the rest of the step is waited for."""
+    load_s = storage.load_time_s(workload.tokens_per_step * workload.bytes_per_token,
+                                 cluster.storage_read_bytes_per_s)
+    return max(0.0, load_s - rest_s), load_s
+
+
+def predict(workload: Workload, cluster: ClusterSpec, layout: Layout,
+            assumptions: Assumptions = Assumptions()) -> Plan:
+    """Predict memory and step time of one layout: a sum of terms, each priced by the function
+    that owns its formula.
+
+    * memory (:func:`_memory`): ZeRO-sharded model states plus 1F1B's in-flight activations;
+    * compute: the step's model FLOPs (4/3 with recomputation) at ``compute_efficiency``;
+    * tensor parallel: Megatron's all-reduces per layer, each by
+      :func:`clusterlab.costmodel.cluster_collective` on the ``tp`` GPUs of a node;
+    * pipeline sends: activations forward and gradients back, not hidden;
+    * pipeline bubble: :func:`clusterlab.costmodel.pipeline_bubble_fraction` of the pipeline's
+      time, ``(p-1)/(v m)`` of compute and tensor-parallel time;
+    * data parallel: :func:`dp_all_reduce` of the gradients, less what hides behind the
+      backward pass;
+    * storage: the step's data, prefetched: only the excess over the rest is waited for.
+
+    Args:
+        workload: what to train.
+        cluster: the cluster; it needs ``storage_read_bytes_per_s``.
+        layout: the split; ``dp * tp * pp`` must equal ``cluster.n_gpus``.
+        assumptions: software efficiencies.
+
+    Returns:
+        The :class:`Plan`.
+
+    Raises:
+        ValueError: for a layout that does not fit the cluster or the workload, or a cluster
+            without storage.
+
+    References:
+        Narayanan et al. 2021, sections 2.2-3.2 (bubble, tensor-parallel communication);
+        Rajbhandari et al. 2020, section 7 (ZeRO-3 moves 1.5x the data of an all-reduce).
+    """
+    m = _check_layout(workload, cluster, layout)
+    states_bytes, activation_bytes = _memory(workload, cluster, layout, m)
+    compute_s = _compute_s(workload, cluster, assumptions)
+    tp_s, tp_estimate = _tensor_parallel(workload, cluster, layout, m)
+    pp_s = _pipeline_sends_s(workload, cluster, layout, m)
+    bubble_s = _bubble_s(compute_s + tp_s, layout, m)
+    dp_s, dp_estimate = _data_parallel(workload, cluster, layout, assumptions, compute_s)
+    wait_s, load_s = _storage(workload, cluster, compute_s + tp_s + pp_s + bubble_s + dp_s)
+    limit_bytes = cluster.gpu.memory_bytes * (1 - assumptions.activation_reserve)
+    return Plan(workload, cluster, layout, assumptions,
+                memory_bytes=states_bytes + activation_bytes, memory_limit_bytes=limit_bytes,
+                states_bytes=states_bytes, activation_bytes=activation_bytes,
+                compute_s=compute_s, tp_comm_s=tp_s, pp_comm_s=pp_s, bubble_s=bubble_s,
+                dp_comm_s=dp_s, data_wait_s=wait_s, load_s=load_s,
+                model_flops_per_step=workload.tokens_per_step * workload.flops_per_token,
+                dp_estimate=dp_estimate, tp_estimate=tp_estimate)

@@ -1,0 +1,176 @@
+"""The planner's inputs: what to train (:class:`Workload`), on what (:func:`cluster`, a
+:class:`clusterlab.hardware.ClusterSpec`), split how (:class:`Layout`), and what the datasheets
+cannot say (:class:`Assumptions`)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from clusterlab import flops, hardware, memory
+from clusterlab._checks import count, number, positive
+from clusterlab.hardware import ClusterSpec
+from clusterlab.plan.step import model_shape
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What to train: a dense decoder-only transformer and its data.
+
+    Give ``n_tokens`` (time to train is predicted), ``time_budget_s`` (tokens trainable in the
+    budget are predicted), or both (:func:`clusterlab.plan.gpus_needed` sizes the cluster to
+    the budget).
+    """
+
+    n_params: float                      # N, model parameters
+    seq_len: int                         # tokens per training sequence
+    global_batch: int                    # sequences per optimizer step, all replicas together
+    n_tokens: float | None = None        # D, training tokens
+    time_budget_s: float | None = None   # wall-clock budget for the run, seconds
+    n_layers: int | None = None          # transformer layers; None: default_shape(n_params)
+    d_model: int | None = None           # model (and attention) width; None: default_shape
+    n_heads: int | None = None           # attention heads; None: d_model / 128
+    bytes_per_token: float = 4.0         # bytes storage delivers per token (4: uint32 ids)
+    recompute: bool = False              # full activation recomputation (one more forward)
+
+    def __post_init__(self) -> None:
+        positive("n_params", self.n_params)
+        count("seq_len", self.seq_len)
+        count("global_batch", self.global_batch)
+        if self.n_tokens is None and self.time_budget_s is None:
+            raise ValueError("A workload needs n_tokens (tokens to train on) or time_budget_s "
+                             "(a wall-clock budget), or both.")
+        if self.n_tokens is not None:
+            positive("n_tokens", self.n_tokens)
+        if self.time_budget_s is not None:
+            positive("time_budget_s", self.time_budget_s)
+        model_shape(self.n_params, self.n_layers, self.d_model)
+        if self.n_heads is not None:
+            count("n_heads", self.n_heads)
+        positive("bytes_per_token", self.bytes_per_token)
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        """``(n_layers, d_model)``, given or estimated by :func:`default_shape`."""
+        return model_shape(self.n_params, self.n_layers, self.d_model)
+
+    @property
+    def heads(self) -> int:
+        """Attention heads, given or ``max(1, d_model // 128)`` (heads of 128)."""
+        return self.n_heads if self.n_heads is not None else max(1, self.shape[1] // 128)
+
+    @property
+    def tokens_per_step(self) -> int:
+        """Tokens in one global batch: ``global_batch * seq_len``."""
+        return self.global_batch * self.seq_len
+
+    @property
+    def flops_per_token(self) -> float:
+        """Model FLOPs per trained token, attention included (PaLM's accounting)."""
+        n_layers, d_model = self.shape
+        return flops.transformer_flops_per_token(self.n_params, n_layers, self.seq_len, d_model)
+
+
+def cluster(gpu: str, n_gpus: int, *, storage_read_bytes_per_s: float, gpus_per_node: int = 8,
+            node_link: str | None = None, fabric_link: str = "IB-NDR",
+            nics_per_node: int | None = None, name: str = "") -> ClusterSpec:
+    """A :class:`clusterlab.hardware.ClusterSpec` from names in :mod:`clusterlab.hardware`,
+    counted in GPUs rather than nodes.
+
+    Args:
+        gpu: a key of ``hardware.GPUS`` (case-insensitive), e.g. ``"H100"``.
+        n_gpus: GPUs in the cluster, a multiple of ``gpus_per_node``.
+        storage_read_bytes_per_s: sustained read throughput of the shared storage.
+        gpus_per_node: GPUs in one node.
+        node_link: a key of ``hardware.LINKS`` for the node interconnect; None: the GPU's own
+            NVLink (``gpu.nvlink_bytes_per_s``).
+        fabric_link: a key of ``hardware.LINKS``: one NIC port between nodes.
+        nics_per_node: fabric NICs per node; None: one per GPU (rail-optimized, as in DGX).
+        name: a label; empty: ``"<n_gpus> x <GPU>, <fabric_link>"``.
+
+    Returns:
+        The cluster spec.
+
+    Raises:
+        ValueError: for unknown names (listing the known ones), GPUs that are not whole nodes
+            or a storage rate that is not positive.
+    """
+    spec = hardware.gpu(gpu)
+    per_node = count("gpus_per_node", gpus_per_node)
+    n_gpus = count("n_gpus", n_gpus)
+    if n_gpus % per_node:
+        raise ValueError(f"n_gpus ({n_gpus}) must be whole nodes of {per_node} GPUs; use "
+                         f"{per_node * math.ceil(n_gpus / per_node)}.")
+    nic = hardware.link(fabric_link).name
+    return ClusterSpec(spec, n_nodes=n_gpus // per_node, gpus_per_node=per_node, nic=nic,
+                       nics_per_node=nics_per_node, intra_node_link=node_link,
+                       storage_read_bytes_per_s=positive("storage_read_bytes_per_s",
+                                                         storage_read_bytes_per_s),
+                       name=name or f"{n_gpus} x {spec.name}, {nic}")
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How the GPUs split the work: ``dp * tp * pp`` GPUs.
+
+    Tensor parallelism is innermost (its GPUs share a node), then data, then pipeline, as in
+    Megatron-LM.
+    """
+
+    dp: int = 1                  # data-parallel replicas
+    tp: int = 1                  # tensor-parallel GPUs, inside one node
+    pp: int = 1                  # pipeline stages
+    zero_stage: int = 0          # 0 (plain data parallel) to 3 (parameters sharded too)
+    micro_batch: int = 1         # sequences per micro-batch in each replica
+    virtual_stages: int = 1      # interleaved schedule: model chunks per GPU (bubble / v)
+
+    def __post_init__(self) -> None:
+        for name in ("dp", "tp", "pp", "micro_batch", "virtual_stages"):
+            count(name, getattr(self, name))
+        if self.zero_stage not in memory.ZERO_STAGES:
+            raise ValueError(f"zero_stage must be one of {memory.ZERO_STAGES}, got "
+                             f"{self.zero_stage!r}.")
+
+    @property
+    def n_gpus(self) -> int:
+        return self.dp * self.tp * self.pp
+
+    def __str__(self) -> str:
+        chunks = f" v{self.virtual_stages}" if self.virtual_stages > 1 else ""
+        return f"dp{self.dp} tp{self.tp} pp{self.pp}{chunks} ZeRO-{self.zero_stage}"
+
+
+@dataclass(frozen=True)
+class Assumptions:
+    """What the planner cannot know from datasheets: the software's efficiency.
+
+    The defaults are round assumptions, not fits to the published runs that
+    ``tests/test_planner_validation.py`` compares with; calibrate them with measurements (the
+    lab on utilization measures the first).
+    """
+
+    compute_efficiency: float = 0.6   # fraction of peak FLOP/s the kernels reach while computing
+    dp_overlap: float = 0.5           # fraction of the data-parallel all-reduce hidden, at most
+    #                                   the backward pass's time (hidden_all_reduce_s)
+    activation_reserve: float = 0.1   # fraction of GPU memory kept free (workspace, fragments)
+    #: Multiplies the data-parallel all-reduce when it crosses the fabric (>= 1; 1: a
+    #: non-blocking fabric without collisions, as cluster_collective assumes). Take it from
+    #: clusterlab.fabric.contention_factor for the job's topology, placement and routing.
+    dp_contention_factor: float = 1.0
+
+    def __post_init__(self) -> None:
+        factor = number("dp_contention_factor", self.dp_contention_factor)
+        if not factor >= 1:
+            raise ValueError(f"dp_contention_factor multiplies the all-reduce time and is >= 1 "
+                             f"(1 = no contention), got {factor}; compute it with "
+                             f"clusterlab.fabric.contention_factor.")
+        efficiency = positive("compute_efficiency", self.compute_efficiency)
+        if efficiency > 1:
+            raise ValueError(f"compute_efficiency is a fraction of peak, at most 1; got "
+                             f"{efficiency}.")
+        overlap = number("dp_overlap", self.dp_overlap)
+        if not 0 <= overlap <= 1:
+            raise ValueError(f"dp_overlap is a fraction in [0, 1]; got {overlap}.")
+        reserve = number("activation_reserve", self.activation_reserve)
+        if not 0 <= reserve < 1:
+            raise ValueError(f"activation_reserve is a fraction in [0, 1); got {reserve}.")
