@@ -111,13 +111,14 @@ def test_the_device_report_and_versions_are_read():
     assert (measurement.op, measurement.ranks, measurement.hosts) == ("all_to_all", 16, 2)
     assert measurement.devices == ("NVIDIA H100 80GB HBM3",)
     assert measurement.nccl_version == "2.27.3"
-    expect.check_measurement(measurement, "all_to_all", gpu="H100", nodes=2, gpus_per_node=8)
+    expect.check_measurement(measurement, "all_to_all",
+                             expect.cluster_from_options("H100", 2, 8))
     with pytest.raises(ValueError, match="give --nodes 2 --gpus-per-node 8"):
-        expect.check_measurement(measurement, "all_to_all", gpu="H100", nodes=4,
-                                 gpus_per_node=8)
+        expect.check_measurement(measurement, "all_to_all",
+                                 expect.cluster_from_options("H100", 4, 8))
     with pytest.raises(ValueError, match="give --gpu H100, not A100"):
-        expect.check_measurement(measurement, "all_to_all", gpu="A100", nodes=2,
-                                 gpus_per_node=8)
+        expect.check_measurement(measurement, "all_to_all",
+                                 expect.cluster_from_options("A100", 2, 8))
 
 
 # --- Expected busbw ------------------------------------------------------------------------------

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from clusterlab import memory, serving
+from clusterlab import costmodel, hardware, memory, serving
 
 # Llama-3-70B-like: 80 layers, 8 KV heads of 128 (Meta's config.json); 64 query heads x 128.
 L, KV_HEADS, HEAD_DIM, D_ATTN, N_70B = 80, 8, 128, 8192, 70e9
@@ -169,8 +169,8 @@ def test_prefill_is_compute_bound_and_decode_memory_bound():
 
 def test_tensor_parallel_communication_is_the_costmodel_all_reduce():
     step = serving.decode_step(M, 16, 1024, gpu="H200", tp=8)
-    per_call = serving.costmodel.all_reduce_time(16 * 8192 * 2, gpu="H200", n_nodes=1,
-                                                 gpus_per_node=8)
+    node = hardware.ClusterSpec(gpu="H200", n_nodes=1, gpus_per_node=8)
+    per_call = costmodel.cluster_collective("all_reduce", 16 * 8192 * 2, node).time_s
     assert step.communication_s == pytest.approx(160 * per_call)
     assert serving.tensor_parallel_all_reduce_bytes(M, 16) == 16 * 8192 * 2
     assert serving.tensor_parallel_all_reduce_bytes(M, 16, bytes_per_value=4) == 16 * 8192 * 4
@@ -281,3 +281,10 @@ def test_all_reduce_s_overrides_the_cost_model():
                                all_reduce_s=10e-6).communication_s == 0.0
     with pytest.raises(ValueError, match="all_reduce_s"):
         serving.decode_step(model, 1, 4096, gpu="H200", tp=8, all_reduce_s=-1.0)
+
+
+def test_decode_all_reduces_are_megatrons_forward_pass():
+    forward = costmodel.megatron_all_reduces_per_layer(backward=False)
+    assert serving.tensor_parallel_all_reduces_per_token(80) == 80 * forward == 160
+    step = serving.decode_step(M, 1, 0, gpu="H200")
+    assert isinstance(step, serving.RooflineStep) and step.bound == "memory"

@@ -18,14 +18,13 @@ from __future__ import annotations
 import argparse
 import sys
 
-from clusterlab import collectives
-from clusterlab.expect import expect_rows, parse_nccl_tests  # noqa: F401  (chapter 4 uses them)
+from clusterlab import bench, collectives, costmodel, devices, grading, hardware, plan
+from clusterlab import expect as expect_module
 
 
 def _size(text: str) -> int:
-    from clusterlab.bench import parse_size
     try:
-        return parse_size(text)
+        return bench.parse_size(text)
     except ValueError as error:
         raise argparse.ArgumentTypeError(str(error)) from None
 
@@ -72,9 +71,6 @@ def _grade_parser(commands) -> None:
 
 
 def _expect_parser(commands) -> None:
-    from clusterlab import costmodel
-    from clusterlab.expect import OPS
-
     expect = commands.add_parser(
         "expect", help="expected nccl-tests busbw for a cluster; judge a measured log",
         description="Print the bus bandwidth (nccl-tests' busbw, GB/s) that "
@@ -86,12 +82,13 @@ def _expect_parser(commands) -> None:
                     "--measured, read an nccl-tests *_perf output (text, or its -J JSON file) "
                     "and give a verdict per size: normal, low (with likely causes) or high "
                     "(above line rate: in-network reduction).")
-    expect.add_argument("op", choices=OPS)
+    expect.add_argument("op", choices=expect_module.OPS)
     expect.add_argument("--gpu", required=True, help="GPU name in clusterlab.hardware, e.g. H100")
     expect.add_argument("--nodes", type=int, required=True, help="nodes")
     expect.add_argument("--gpus-per-node", type=int, default=8, help="GPUs per node (8)")
     expect.add_argument("--nic", default=None,
-                        help="NIC link in clusterlab.hardware.LINKS (IB-NDR when --nodes > 1)")
+                        help="NIC link in clusterlab.hardware.LINKS "
+                             f"({expect_module.DEFAULT_NIC} when --nodes > 1)")
     expect.add_argument("--nics-per-node", type=int, default=None,
                         help="NICs per node NCCL uses (one per GPU)")
     expect.add_argument("--fabric", choices=costmodel.FABRICS, default=None,
@@ -112,9 +109,7 @@ def _expect_parser(commands) -> None:
 
 
 def _sizes(text: str) -> list[int]:
-    from clusterlab.bench import parse_size
-
-    sizes = [parse_size(part) for part in text.split(",") if part.strip()]
+    sizes = [bench.parse_size(part) for part in text.split(",") if part.strip()]
     for before, after in zip(sizes, sizes[1:]):
         if after <= before:
             raise ValueError(f"--sizes must increase: {after} B comes after {before} B; write "
@@ -151,8 +146,6 @@ def _fabric_options(args: argparse.Namespace) -> None:
 
 
 def _expect(args: argparse.Namespace) -> None:
-    from clusterlab import expect, hardware
-
     for flag, value, lookup in (("--gpu", args.gpu, hardware.gpu),
                                 ("--nic", args.nic, hardware.link),
                                 ("--node-link", args.node_link, hardware.link)):
@@ -164,6 +157,9 @@ def _expect(args: argparse.Namespace) -> None:
     if args.nodes < 1 or args.gpus_per_node < 1:
         raise ValueError("--nodes and --gpus-per-node must be positive integers.")
     _fabric_options(args)
+    cluster = expect_module.cluster_from_options(args.gpu, args.nodes, args.gpus_per_node,
+                                                 nic=args.nic, nics_per_node=args.nics_per_node,
+                                                 node_link=args.node_link)
     measurement = None
     if args.measured:
         name = "standard input" if args.measured == "-" else args.measured
@@ -177,21 +173,16 @@ def _expect(args: argparse.Namespace) -> None:
             raise ValueError(f"Cannot read {args.measured}: {error.strerror}; give the path of "
                              "a file holding an nccl-tests output (e.g. all_reduce_perf ... > "
                              "log, or all_reduce_perf -J log.json).") from None
-        measurement = expect.read_measurement(text, name=name)
-        expect.check_measurement(measurement, args.op, gpu=hardware.gpu(args.gpu).name,
-                                 nodes=args.nodes, gpus_per_node=args.gpus_per_node, name=name)
+        measurement = expect_module.read_measurement(text, name=name)
+        expect_module.check_measurement(measurement, args.op, cluster, name=name)
         sizes = [size for size, _ in measurement.rows]
     else:
         sizes = _sizes(args.sizes)
-    rows = expect.verdicts(args.op, sizes, gpu=args.gpu, nodes=args.nodes,
-                           gpus_per_node=args.gpus_per_node, nic=args.nic,
-                           nics_per_node=args.nics_per_node, fabric=args.fabric,
-                           node_link=args.node_link, algorithm=args.algorithm,
-                           measured=None if measurement is None else dict(measurement.rows))
-    print(expect.report(rows, args.op, gpu=args.gpu, nodes=args.nodes,
-                        gpus_per_node=args.gpus_per_node, nic=args.nic,
-                        nics_per_node=args.nics_per_node, algorithm=args.algorithm,
-                        measurement=measurement, as_json=args.json))
+    rows = expect_module.verdicts(args.op, sizes, cluster, fabric=args.fabric,
+                                  algorithm=args.algorithm,
+                                  measured=None if measurement is None else dict(measurement.rows))
+    print(expect_module.report(rows, args.op, cluster, algorithm=args.algorithm,
+                               measurement=measurement, as_json=args.json))
 
 
 def _plan_parser(commands) -> None:
@@ -233,8 +224,6 @@ def _plan_parser(commands) -> None:
 
 
 def _plan(args: argparse.Namespace) -> None:
-    from clusterlab import plan
-
     workload = plan.Workload(
         args.params, args.seq_len, args.batch, n_tokens=args.tokens,
         time_budget_s=None if args.budget_days is None else args.budget_days * 86400,
@@ -250,21 +239,19 @@ def _plan(args: argparse.Namespace) -> None:
                               fabric_link=args.fabric, nics_per_node=args.nics_per_node)
         sized = plan.gpus_needed(workload, design, assumptions)
         print(f"# {sized.hardware.n_gpus} GPUs needed (whole nodes, a power of two of them)")
-        hardware = sized.hardware
+        cluster = sized.hardware
     else:
-        hardware = plan.cluster(args.gpu, args.gpus,
-                                storage_read_bytes_per_s=args.storage_gb_s * 1e9,
-                                gpus_per_node=args.gpus_per_node, node_link=args.node_link,
-                                fabric_link=args.fabric, nics_per_node=args.nics_per_node)
-    plans = plan.rank_layouts(workload, hardware, assumptions, limit=args.top)
+        cluster = plan.cluster(args.gpu, args.gpus,
+                               storage_read_bytes_per_s=args.storage_gb_s * 1e9,
+                               gpus_per_node=args.gpus_per_node, node_link=args.node_link,
+                               fabric_link=args.fabric, nics_per_node=args.nics_per_node)
+    plans = plan.rank_layouts(workload, cluster, assumptions, limit=args.top)
     print(plan.describe_plan(plans[0]))
     print(f"# the {len(plans)} fastest layouts that fit; seconds per step")
     print(plan.format_plans(plans))
 
 
 def _bench(args: argparse.Namespace) -> None:
-    from clusterlab import bench, devices
-
     if args.largest < args.smallest:
         raise ValueError(f"--max ({args.largest} B) is smaller than --min ({args.smallest} B).")
     used = devices.setup(args.devices)
@@ -284,7 +271,6 @@ def _bench(args: argparse.Namespace) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "grade":
-        from clusterlab import grading
         return grading.main(args.submissions, key_dir=args.key, timeout_s=args.timeout)
     try:
         if args.command == "bench":

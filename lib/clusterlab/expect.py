@@ -42,6 +42,9 @@ OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")
 PERF_BINARIES = {"all_reduce": "all_reduce_perf", "all_gather": "all_gather_perf",
                  "reduce_scatter": "reduce_scatter_perf", "all_to_all": "alltoall_perf"}
 _OP_OF_BINARY = {binary: op for op, binary in PERF_BINARIES.items()}
+#: The NIC ``expect`` prices between nodes when ``--nic`` names none: one 400 Gb/s NDR
+#: InfiniBand port per GPU, as in the catalog's DGX H100, H200 and B200 servers.
+DEFAULT_NIC = "IB-NDR"
 _BINARY = re.compile(r"\b(all_reduce|all_gather|reduce_scatter|alltoall)_perf(?:_mpi)?\b")
 _TAG = re.compile(r"\[\d+(?:,\d+)?\](?:<stdout>:)?")
 _RANK = re.compile(r"#\s*Rank\s+(\d+)\s+(?:Group\s+\d+\s+)?Pid\s+\d+\s+on\s+(\S+)\s+device\s+"
@@ -238,16 +241,23 @@ def read_measurement(text: str, *, name: str = "the log") -> Measurement:
                        None if hosts is None else len(hosts), names, version, kind)
 
 
-def check_measurement(measurement: Measurement, op: str, *, gpu: str, nodes: int,
-                      gpus_per_node: int, name: str = "the log") -> None:
-    """Refuse to judge a run against a configuration it did not run on.
+def check_measurement(measurement: Measurement, op: str, cluster: hardware.ClusterSpec, *,
+                      name: str = "the log") -> None:
+    """Refuse to judge a run against a cluster it did not run on.
 
     Checks what the output itself states: the collective (its binary's name), the rank and host
     count of its device report, and the GPU model.
 
+    Args:
+        measurement: the run (:func:`read_measurement`).
+        op: the collective it is judged as.
+        cluster: the cluster it is judged against.
+        name: what to call the output in messages.
+
     Raises:
         ValueError: a mismatch; the message names the option that fixes it.
     """
+    nodes, gpus_per_node, gpu = cluster.n_nodes, cluster.gpus_per_node, cluster.gpu.name
     if measurement.op is not None and measurement.op != op:
         raise ValueError(f"{name} is an {PERF_BINARIES[measurement.op]} output; judge it with "
                          f"'expect {measurement.op}', not '{op}'.")
@@ -351,21 +361,37 @@ def _regime_info(where: costmodel.Regime) -> dict:
             "highest_error": round(max(errors), 4) if errors else None}
 
 
-def verdicts(op: str, sizes, *, gpu: str, nodes: int, gpus_per_node: int = 8,
-             nic: str | None = None, nics_per_node: int | None = None,
-             fabric: str | None = None, node_link: str | None = None,
+def cluster_from_options(gpu: hardware.GPU | str, nodes: int, gpus_per_node: int = 8, *,
+            nic: str | None = None, nics_per_node: int | None = None,
+            node_link: str | None = None) -> hardware.ClusterSpec:
+    """The cluster ``expect`` prices, from its options; ``nic`` is :data:`DEFAULT_NIC` between
+    nodes when none is named.
+
+    Args:
+        gpu: a name in :data:`clusterlab.hardware.GPUS` (``--gpu``).
+        nodes, gpus_per_node: ``--nodes``, ``--gpus-per-node``.
+        nic, nics_per_node: ``--nic``, ``--nics-per-node`` (default one NIC per GPU).
+        node_link: ``--node-link``: a link in ``hardware.LINKS`` replacing the GPU's NVLink.
+
+    Returns:
+        The :class:`~clusterlab.hardware.ClusterSpec`.
+    """
+    if nodes > 1 and nic is None:
+        nic = DEFAULT_NIC
+    return hardware.ClusterSpec(gpu=gpu, n_nodes=nodes, gpus_per_node=gpus_per_node, nic=nic,
+                                nics_per_node=nics_per_node, intra_node_link=node_link)
+
+
+def verdicts(op: str, sizes, cluster: hardware.ClusterSpec, *, fabric: str | None = None,
              algorithm: str = "auto", measured: dict[int, float] | None = None) -> list[dict]:
     """The rows of ``expect``, one dict per size (the ``rows`` of ``expect --json``).
 
     Args:
         op: one of :data:`OPS`.
         sizes: message sizes in bytes (nccl-tests' ``size`` column).
-        gpu, nodes, gpus_per_node, nic, nics_per_node: the cluster, as
-            :func:`clusterlab.costmodel.cluster_collective` takes it; ``nic`` defaults to
-            ``"IB-NDR"`` on several nodes.
+        cluster: the cluster (:func:`cluster_from_options` builds it from ``expect``'s options).
         fabric: the network's kind, one of ``costmodel.FABRICS`` (default: by the NIC's name,
             NVLink or PCIe on one node); it picks the regime whose error sets the band.
-        node_link: a link in ``hardware.LINKS`` replacing the GPU's NVLink (``"PCIe4x16"``).
         algorithm: ``"auto"`` (NCCL's choice) or the algorithm the run forced (``NCCL_ALGO``),
             one of ``costmodel.CLUSTER_ALGORITHMS``.
         measured: out-of-place busbw in GB/s per size, or None for expectations only.
@@ -382,14 +408,9 @@ def verdicts(op: str, sizes, *, gpu: str, nodes: int, gpus_per_node: int = 8,
     """
     if op not in OPS:
         raise ValueError(f"expect judges {', '.join(OPS)}, got {op!r}.")
-    if nodes > 1 and nic is None:
-        nic = "IB-NDR"
     out = []
     for size in sizes:
-        est = costmodel.cluster_collective(op, size, gpu=gpu, n_nodes=nodes,
-                                           gpus_per_node=gpus_per_node, nic=nic,
-                                           nics_per_node=nics_per_node,
-                                           intra_node_link=node_link, algorithm=algorithm,
+        est = costmodel.cluster_collective(op, size, cluster, algorithm=algorithm,
                                            fabric=fabric)
         info = _regime_info(est.regime)
         row = {"size_bytes": int(size), "expected_busbw_gbps": round(est.busbw / 1e9, 2),
@@ -409,14 +430,6 @@ def verdicts(op: str, sizes, *, gpu: str, nodes: int, gpus_per_node: int = 8,
             row["detail"] = row["verdict"][len(head) + 2:] or None
         out.append(row)
     return out
-
-
-def expect_rows(op: str, gpu: str, nodes: int, gpus_per_node: int, nic: str | None,
-                nics_per_node: int | None, sizes, measured: dict[int, float] | None = None,
-                **options) -> list[dict]:
-    """:func:`verdicts` with the cluster given by position (the form chapter 4 calls)."""
-    return verdicts(op, sizes, gpu=gpu, nodes=nodes, gpus_per_node=gpus_per_node, nic=nic,
-                    nics_per_node=nics_per_node, measured=measured, **options)
 
 
 def regimes(rows: list[dict]) -> list[dict]:
@@ -464,9 +477,9 @@ def format_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def report(rows: list[dict], op: str, *, gpu: str, nodes: int, gpus_per_node: int = 8,
-           nic: str | None = None, nics_per_node: int | None = None, algorithm: str = "auto",
-           measurement: Measurement | None = None, as_json: bool = False) -> str:
+def report(rows: list[dict], op: str, cluster: hardware.ClusterSpec, *,
+           algorithm: str = "auto", measurement: Measurement | None = None,
+           as_json: bool = False) -> str:
     """What ``expect`` prints: a header and :func:`format_table`, or the ``--json`` document.
 
     The JSON document (``expect --json``) holds ``nccl_release`` (the NCCL release whose tuning
@@ -475,9 +488,8 @@ def report(rows: list[dict], op: str, *, gpu: str, nodes: int, gpus_per_node: in
     ``format``, ``op``, ``nccl_version``, ``ranks``, ``hosts`` and ``devices`` as
     :class:`Measurement` reads them) and ``rows`` (:func:`verdicts`).
     """
-    if nodes > 1 and nic is None:
-        nic = "IB-NDR"
     found = regimes(rows)
+    nodes, gpus_per_node, gpu = cluster.n_nodes, cluster.gpus_per_node, cluster.gpu.name
     if as_json:
         measured = None if measurement is None else {
             "format": measurement.format, "op": measurement.op,
@@ -485,11 +497,12 @@ def report(rows: list[dict], op: str, *, gpu: str, nodes: int, gpus_per_node: in
             "hosts": measurement.hosts, "devices": list(measurement.devices)}
         return json.dumps({"nccl_release": costmodel.NCCL_RELEASE,
                            "configuration": {"op": op, "gpu": gpu, "nodes": nodes,
-                                             "gpus_per_node": gpus_per_node, "nic": nic,
-                                             "nics_per_node": nics_per_node,
+                                             "gpus_per_node": gpus_per_node, "nic": cluster.nic,
+                                             "nics_per_node": cluster.nics_per_node,
                                              "algorithm": algorithm},
                            "regimes": found, "measured": measured, "rows": rows}, indent=1)
-    net = "" if nodes == 1 else f", {nics_per_node or gpus_per_node} x {nic} per node"
+    net = ("" if nodes == 1
+           else f", {cluster.nics_per_node or gpus_per_node} x {cluster.nic} per node")
     forced = "" if algorithm == "auto" else f", NCCL_ALGO={algorithm}"
     lines = [f"# expected {op} on {nodes} x {gpus_per_node} {gpu}{net}{forced} as NCCL "
              f"{costmodel.NCCL_RELEASE} runs it (clusterlab.costmodel.cluster_collective); "

@@ -12,8 +12,12 @@ Keys in ``references.bib`` are given in each ``source``.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 from clusterlab import _checks
+
+#: The tensor-core precisions the catalog gives peaks for (:func:`peak_flops`).
+Precision = Literal["bf16", "fp8"]
 
 
 @dataclass(frozen=True)
@@ -347,7 +351,7 @@ def power_per_gpu_w(system: Node | Rack | str) -> float:
     return spec.power_w / spec.nvlink_domain_gpus
 
 
-def peak_flops(gpu_spec: GPU | str, *, precision: str = "bf16") -> float:
+def peak_flops(gpu_spec: GPU | str, *, precision: Precision = "bf16") -> float:
     """Dense (no sparsity) tensor-core peak of a GPU at a precision, FLOP/s.
 
     Args:
@@ -506,7 +510,7 @@ def fabric(name: str) -> Fabric:
     return _lookup(FABRICS, name, "fabric")
 
 
-def ridge_point(gpu_spec: GPU | str, *, precision: str = "bf16") -> float:
+def ridge_point(gpu_spec: GPU | str, *, precision: Precision = "bf16") -> float:
     """Arithmetic intensity (FLOP per byte of HBM traffic) where a GPU's roofline bends.
 
     Below it a kernel is memory-bound (HBM bandwidth limits it), above it compute-bound.

@@ -30,7 +30,7 @@ __all__ = [
     "tensor_parallel_all_reduces_per_token",
     "Model",
     "LLAMA_3_70B",
-    "StepTime",
+    "RooflineStep",
     "roofline_step",
     "tensor_parallel_all_reduce_bytes",
     "prefill_flops",
@@ -157,7 +157,8 @@ def tensor_parallel_all_reduces_per_token(n_layers: int) -> int:
 
     Each layer splits attention by heads and the MLP by its hidden units; the partial outputs
     of attention's output projection and of the MLP's second matmul are summed across the
-    tensor-parallel GPUs, one all-reduce each, on the critical path of every token.
+    tensor-parallel GPUs, one all-reduce each, on the critical path of every token: the
+    forward pass of :func:`clusterlab.costmodel.megatron_all_reduces_per_layer`.
 
     Args:
         n_layers: transformer layers (integer >= 1).
@@ -172,7 +173,8 @@ def tensor_parallel_all_reduces_per_token(n_layers: int) -> int:
         Shoeybi et al. 2019 (Megatron-LM), Section 3 and Figure 3 (``g`` operators).
         https://arxiv.org/abs/1909.08053
     """
-    return 2 * _checks.count("n_layers", n_layers)
+    return _checks.count("n_layers", n_layers) * costmodel.megatron_all_reduces_per_layer(
+        backward=False)
 
 
 @dataclass(frozen=True)
@@ -246,7 +248,7 @@ LLAMA_3_70B = Model("Llama-3-70B", n_layers=80, d_model=8192, n_heads=64, n_kv_h
 
 
 @dataclass(frozen=True)
-class StepTime:
+class RooflineStep:
     """One step of a model on one GPU of a tensor-parallel group, on the roofline.
 
     Attributes:
@@ -285,7 +287,7 @@ def _fraction(name: str, value: float) -> float:
     return v
 
 
-def _roofs(spec: hardware.GPU, precision: str, flops_efficiency: float,
+def _roofs(spec: hardware.GPU, precision: hardware.Precision, flops_efficiency: float,
            bandwidth_efficiency: float) -> tuple[float, float]:
     # (derated peak FLOP/s, derated HBM bytes/s): the two roofs every step is held against
     return (hardware.peak_flops(spec, precision=precision)
@@ -294,8 +296,9 @@ def _roofs(spec: hardware.GPU, precision: str, flops_efficiency: float,
 
 
 def roofline_step(flops: float, hbm_bytes: float, *, gpu: hardware.GPU | str, tp: int = 1,
-                  communication_s: float = 0.0, precision: str = "bf16",
-                  flops_efficiency: float = 1.0, bandwidth_efficiency: float = 1.0) -> StepTime:
+                  communication_s: float = 0.0, precision: hardware.Precision = "bf16",
+                  flops_efficiency: float = 1.0,
+                  bandwidth_efficiency: float = 1.0) -> RooflineStep:
     """Time of a step that does ``flops`` and moves ``hbm_bytes``, split evenly over ``tp`` GPUs.
 
     Compute and memory traffic overlap, so the slower of the two sets the time (the roofline);
@@ -314,7 +317,7 @@ def roofline_step(flops: float, hbm_bytes: float, *, gpu: hardware.GPU | str, tp
         bandwidth_efficiency: fraction of the HBM bandwidth reached, in (0, 1].
 
     Returns:
-        A :class:`StepTime` per GPU.
+        A :class:`RooflineStep` per GPU.
 
     Raises:
         ValueError: on negative work, a ``tp`` below 1 or an efficiency outside (0, 1].
@@ -329,8 +332,8 @@ def roofline_step(flops: float, hbm_bytes: float, *, gpu: hardware.GPU | str, tp
     tp = _checks.count("tp", tp)
     communication_s = _checks.positive("communication_s", communication_s, allow_zero=True)
     peak, bandwidth = _roofs(spec, precision, flops_efficiency, bandwidth_efficiency)
-    return StepTime(flops / tp, hbm_bytes / tp, flops / tp / peak, hbm_bytes / tp / bandwidth,
-                    communication_s)
+    return RooflineStep(flops=flops / tp, hbm_bytes=hbm_bytes / tp, compute_s=flops / tp / peak,
+                        memory_s=hbm_bytes / tp / bandwidth, communication_s=communication_s)
 
 
 def tensor_parallel_all_reduce_bytes(model: Model, tokens: int, *,
@@ -365,7 +368,9 @@ def _tp_all_reduces_s(model: Model, tokens: int, tp: int, gpu: hardware.GPU,
     if all_reduce_s is not None:
         return count * _checks.positive("all_reduce_s", all_reduce_s, allow_zero=True)
     nbytes = tensor_parallel_all_reduce_bytes(model, tokens, bytes_per_value=bytes_per_activation)
-    return count * costmodel.all_reduce_time(nbytes, gpu=gpu, n_nodes=1, gpus_per_node=tp)
+    # The tensor-parallel group: tp GPUs of one node, over the GPU's NVLink.
+    group = hardware.ClusterSpec(gpu=gpu, n_nodes=1, gpus_per_node=tp)
+    return count * costmodel.cluster_collective("all_reduce", nbytes, group).time_s
 
 
 def prefill_flops(model: Model, prompt_tokens: int, *, batch: int = 1) -> float:
@@ -395,15 +400,16 @@ def prefill_flops(model: Model, prompt_tokens: int, *, batch: int = 1) -> float:
 
 def prefill(model: Model, prompt_tokens: int, *, gpu: hardware.GPU | str, batch: int = 1,
             tp: int = 1, bytes_per_param: float = 2, bytes_per_value: float = 2,
-            precision: str = "bf16",
+            precision: hardware.Precision = "bf16",
             flops_efficiency: float = 1.0, bandwidth_efficiency: float = 1.0,
-            all_reduce_s: float | None = None) -> StepTime:
+            all_reduce_s: float | None = None) -> RooflineStep:
     """The prefill of ``batch`` prompts: usually compute-bound.
 
     FLOPs from :func:`prefill_flops`; HBM traffic is the weights read once
-    (:meth:`Model.streamed_param_bytes`) plus the KV cache written once; with ``tp > 1`` each of the ``2 L`` all-reduces carries the whole prompt's
-    activations (``batch * prompt_tokens * d_model`` values), priced by
-    :func:`clusterlab.costmodel.all_reduce_time` on one node. ``time_s`` is the time to first
+    (:meth:`Model.streamed_param_bytes`) plus the KV cache written once; with ``tp > 1`` each
+    of the ``2 L`` all-reduces carries the whole prompt's activations
+    (``batch * prompt_tokens * d_model`` values), priced by
+    :func:`clusterlab.costmodel.cluster_collective` on one node. ``time_s`` is the time to first
     token (TTFT) when the request does not wait in a queue.
 
     Args:
@@ -417,11 +423,11 @@ def prefill(model: Model, prompt_tokens: int, *, gpu: hardware.GPU | str, batch:
         precision, flops_efficiency, bandwidth_efficiency: as in :func:`roofline_step`.
         all_reduce_s: seconds per tensor-parallel all-reduce, replacing the cost model's
             estimate (e.g. an assumed or measured latency of a CUDA-graphed one-shot kernel);
-            ``None`` (the default) prices each with :func:`clusterlab.costmodel.all_reduce_time`,
+            ``None`` (the default) prices each with :func:`clusterlab.costmodel.cluster_collective`,
             whose small-message latency is fitted to an eager PyTorch benchmark.
 
     Returns:
-        A :class:`StepTime` per GPU.
+        A :class:`RooflineStep` per GPU.
 
     References:
         Pope et al. 2023, Sections 2-3. https://arxiv.org/abs/2211.05102
@@ -440,16 +446,17 @@ def prefill(model: Model, prompt_tokens: int, *, gpu: hardware.GPU | str, batch:
 
 def decode_step(model: Model, batch: int, seq_len: int, *, gpu: hardware.GPU | str,
                 tp: int = 1, bytes_per_param: float = 2, bytes_per_value: float = 2,
-                precision: str = "bf16",
+                precision: hardware.Precision = "bf16",
                 flops_efficiency: float = 1.0, bandwidth_efficiency: float = 1.0,
-                all_reduce_s: float | None = None) -> StepTime:
+                all_reduce_s: float | None = None) -> RooflineStep:
     """One decode step: one new token for each of ``batch`` sequences of ``seq_len`` tokens.
 
     FLOPs: ``batch`` times :func:`decode_flops_per_token` (matmul parameters, attention over
     ``seq_len`` cached tokens); bytes: :func:`decode_step_bytes` (the weights once,
-    :meth:`Model.streamed_param_bytes`, and the whole batch's cache); with ``tp > 1``, :func:`tensor_parallel_all_reduces_per_token` all-reduces
-    of ``batch * d_model`` activations each, priced by
-    :func:`clusterlab.costmodel.all_reduce_time`. ``time_s`` is the time per output token
+    :meth:`Model.streamed_param_bytes`, and the whole batch's cache); with ``tp > 1``,
+    :func:`tensor_parallel_all_reduces_per_token` all-reduces of ``batch * d_model``
+    activations each, priced by
+    :func:`clusterlab.costmodel.cluster_collective`. ``time_s`` is the time per output token
     (TPOT) every sequence of the batch sees.
 
     Args:
@@ -460,7 +467,7 @@ def decode_step(model: Model, batch: int, seq_len: int, *, gpu: hardware.GPU | s
             bandwidth_efficiency, all_reduce_s: as in :func:`prefill`.
 
     Returns:
-        A :class:`StepTime` per GPU.
+        A :class:`RooflineStep` per GPU.
 
     References:
         Pope et al. 2023, Section 2. https://arxiv.org/abs/2211.05102
@@ -495,7 +502,7 @@ def decode_tokens_per_s(model: Model, batch: int, seq_len: int, *, gpu: hardware
 
 def crossover_batch(model: Model, seq_len: int, *, gpu: hardware.GPU | str,
                     bytes_per_param: float = 2, bytes_per_value: float = 2,
-                    precision: str = "bf16",
+                    precision: hardware.Precision = "bf16",
                     flops_efficiency: float = 1.0, bandwidth_efficiency: float = 1.0) -> float:
     """The batch at which a decode step turns from memory-bound to compute-bound.
 
@@ -672,7 +679,7 @@ def serving_options(model: Model, *, target_tokens_per_s: float, max_tpot_s: flo
         fits = max_batch(model, seq_len, gpu=spec, tp=tp, usable_fraction=usable_fraction,
                          **memory_options)
 
-        def step(b: int, tp: int = tp) -> StepTime:
+        def step(b: int, tp: int = tp) -> RooflineStep:
             return decode_step(model, b, seq_len, gpu=spec, tp=tp, **options)
 
         if fits < 1 or step(1).time_s > max_tpot:
