@@ -136,6 +136,18 @@ def test_launcher_command_line_split():
                                                                ["-c", "pass"])
 
 
+def test_the_launcher_is_launch_s_re_exported_and_starts_without_jax():
+    # distributed.run, distributed.launch (labs and scripts call them there) are launch's own.
+    for name in ("launch", "run", "LaunchResult", "PortInUseError", "free_port"):
+        assert getattr(distributed, name) is getattr(launch, name)
+    # The launcher (outside the processes) never imports JAX or the in-process half.
+    code = ("import sys, clusterlab.launch; "
+            "print(sorted(m for m in ('jax', 'clusterlab.distributed') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout
+    assert out.strip() == "[]"
+
+
 def test_hierarchical_all_reduce_equals_psum():
     mesh = devices.mesh((2, 4), ("hosts", "devices"), DEVICES)
     x = jax.numpy.arange(8 * 12, dtype=jax.numpy.float32)  # 12 elements per device

@@ -2,14 +2,15 @@
 
 A real cluster is several hosts with several devices each; JAX runs one process per host (the
 *multi-controller* model) and joins them with :func:`jax.distributed.initialize`. On CPUs the
-processes exchange collective data over TCP with gloo. This module does both halves:
+processes exchange collective data over TCP with gloo. There are two halves:
 
-* **Outside** the processes: :func:`launch` starts ``N`` Python processes on this machine, each
-  with ``M`` simulated CPU devices, on a free port of the loopback address ``127.0.0.1``; it
-  prefixes their output with the process id, collects what each one :func:`report` s, and stops
-  all of them when one fails. :func:`run` does the same for a function ``"module:function"``.
-  ``python -m clusterlab.launch`` is its command line.
-* **Inside** each process: :func:`init` reads where it stands (the launcher's variables, a SLURM
+* **Outside** the processes, :mod:`clusterlab.launch`: :func:`launch` starts ``N`` Python
+  processes on this machine, each with ``M`` simulated CPU devices, on a free port of the
+  loopback address ``127.0.0.1``; it prefixes their output with the process id, collects what
+  each one :func:`report` s, and stops all of them when one fails. :func:`run` does the same for
+  a function ``"module:function"``. ``python -m clusterlab.launch`` is its command line. Both
+  are re-exported here.
+* **Inside** each process, this module: :func:`init` reads where it stands (the launcher's variables, a SLURM
   job's, or explicit arguments), joins the others, and :func:`host_mesh` lays all devices out as
   a ``(hosts, devices per host)`` mesh. Nothing else in a training script changes between a
   laptop and a cluster: only the environment does.
@@ -36,52 +37,30 @@ References:
 
 from __future__ import annotations
 
-import importlib
 import json
 import os
 import re
-import signal
-import socket
-import subprocess
 import sys
-import tempfile
 import threading
-import time
 import traceback
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence, TextIO
+from typing import Any, Mapping, Sequence
+
+import jax
+from jax._src import distributed as jax_distributed
+from jax._src import xla_bridge
+from jax._src.lib import _jax
 
 from clusterlab import _checks
-
-LOOPBACK = "127.0.0.1"
-
-# What the launcher tells each process (read by init()).
-ENV_COORDINATOR = "CLUSTERLAB_COORDINATOR"          # "127.0.0.1:PORT"
-ENV_NUM_PROCESSES = "CLUSTERLAB_NUM_PROCESSES"
-ENV_PROCESS_ID = "CLUSTERLAB_PROCESS_ID"
-ENV_DEVICES_PER_PROCESS = "CLUSTERLAB_DEVICES_PER_PROCESS"
-ENV_HEARTBEAT_TIMEOUT_S = "CLUSTERLAB_HEARTBEAT_TIMEOUT_S"
-ENV_INIT_TIMEOUT_S = "CLUSTERLAB_INIT_TIMEOUT_S"
-ENV_RESULTS_DIR = "CLUSTERLAB_RESULTS_DIR"
-# On a SLURM cluster: the coordinator's port (JAX's own rule derives one from the job id).
-ENV_PORT = "CLUSTERLAB_PORT"
-
-# Exit code of a process that gave up waiting for the others to join.
-EXIT_INIT_TIMEOUT = 3
-
-# gloo prints one such line per device when it connects; the launcher leaves them out. Devices
-# connect from several threads at once, so two of these lines can arrive spliced together
-# ("[Gloo] Rank [Gloo] Rank 1 is connected ..." then "0 is connected ..."): match any piece.
-_NOISE = re.compile(r"\[Gloo\] Rank|is connected to \d+ peer ranks")
-
-
-class DistributedError(RuntimeError):
-    """A multi-process run could not start or did not finish; the message says why."""
-
-
-class PortInUseError(DistributedError):
-    """The coordinator's port on the loopback address is taken by another program."""
+from clusterlab import devices as cl_devices
+# What the launcher and the processes share, and the launcher itself: public names of this
+# module since before they had modules of their own (labs call distributed.run).
+from clusterlab._job import (  # noqa: F401
+    ENV_COORDINATOR, ENV_DEVICES_PER_PROCESS, ENV_HEARTBEAT_TIMEOUT_S, ENV_INIT_TIMEOUT_S,
+    ENV_NUM_PROCESSES, ENV_PORT, ENV_PROCESS_ID, ENV_RESULTS_DIR, EXIT_INIT_TIMEOUT, LOOPBACK,
+    DistributedError, PortInUseError, check_port_free, free_port, resolve)
+from clusterlab.launch import LaunchResult, launch, run  # noqa: F401
 
 
 class DeviceCountMismatchError(DistributedError):
@@ -217,36 +196,10 @@ def detect_environment(*, coordinator_address: str | None = None,
 _STATE: dict[str, Any] = {}
 
 
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now (the kernel picks it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((LOOPBACK, 0))
-        return int(sock.getsockname()[1])
-
-
-def check_port_free(port: int) -> None:
-    """Raise :class:`PortInUseError` unless ``port`` on 127.0.0.1 can be bound now."""
-    port = _checks.count("port", port)
-    if port > 65535:
-        raise ValueError(f"A TCP port is at most 65535, got {port}.")
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        try:
-            sock.bind((LOOPBACK, port))
-        except OSError as error:
-            raise PortInUseError(
-                f"Port {port} on {LOOPBACK} is already in use ({error.strerror}), so the "
-                "coordinator cannot listen there. Another job (or a process left from an "
-                "earlier run) holds it: pass port=None to let clusterlab pick a free one."
-            ) from None
-
-
 def _use_loopback_gloo() -> None:
     # gloo's TCP transport otherwise binds to the address the host name resolves to; on this
     # machine all processes are local, so keep every socket on the loopback interface. JAX has
     # no public switch for this: re-register the CPU backend with gloo told the host name.
-    from jax._src import distributed as jax_distributed, xla_bridge
-    from jax._src.lib import _jax
-
     def make_client():
         collectives = _jax.make_gloo_tcp_collectives(
             distributed_client=jax_distributed.global_state.client, hostname=LOOPBACK)
@@ -306,9 +259,6 @@ def init(*, coordinator_address: str | None = None, num_processes: int | None = 
     cluster = detect_environment(coordinator_address=coordinator_address,
                                  num_processes=num_processes, process_id=process_id,
                                  devices_per_process=devices_per_process, environ=env_map)
-    import jax
-    from jax._src import xla_bridge
-
     if xla_bridge.backends_are_initialized():
         raise DistributedError(
             "clusterlab.distributed.init() must run before any JAX operation in the process: "
@@ -337,8 +287,6 @@ def init(*, coordinator_address: str | None = None, num_processes: int | None = 
 
 def _join(cluster: ClusterEnv, heartbeat_timeout_s: int, init_timeout_s: int,
           shutdown_timeout_s: int) -> None:
-    import jax
-
     bind_address = None
     if cluster.is_loopback:
         port = int(cluster.coordinator_address.rsplit(":", 1)[1])
@@ -374,8 +322,6 @@ def _join(cluster: ClusterEnv, heartbeat_timeout_s: int, init_timeout_s: int,
 
 def devices_by_process() -> dict[int, list]:
     """All devices of the job, grouped by the process that owns them, each group sorted by id."""
-    import jax
-
     groups: dict[int, list] = {}
     for device in sorted(jax.devices(), key=lambda d: (d.process_index, d.id)):
         groups.setdefault(device.process_index, []).append(device)
@@ -392,8 +338,6 @@ def _say_before_anyone_exits(error: DistributedError, barrier_id: str) -> None:
           f"{_STATE.get('num_processes', '?')}: {type(error).__name__}: {error}",
           file=sys.stderr, flush=True)
     error.already_printed = True
-    from jax._src import distributed as jax_distributed
-
     client = jax_distributed.global_state.client
     if client is None:
         return
@@ -428,8 +372,6 @@ def host_mesh(axis_names: Sequence[str] = ("hosts", "devices")):
     Returns:
         A :class:`jax.sharding.Mesh` of shape ``(jax.process_count(), local devices)``.
     """
-    from clusterlab import devices as cl_devices
-
     if len(axis_names) != 2:
         raise ValueError(f"host_mesh needs two axis names (across hosts, within a host), got "
                          f"{tuple(axis_names)}.")
@@ -470,268 +412,6 @@ def call(target: str, kwargs: Mapping[str, Any] | None = None) -> Any:
     value = function(**dict(kwargs or {}))
     report(value)
     return value
-
-
-def resolve(target: str) -> Callable[..., Any]:
-    """``"package.module:function"`` -> the function; a clear error when it is not there."""
-    module_name, _, function_name = target.partition(":")
-    if not module_name or not function_name:
-        raise ValueError(f"A target is 'package.module:function', got {target!r}.")
-    function = getattr(importlib.import_module(module_name), function_name, None)
-    if not callable(function):
-        raise ValueError(f"{module_name} has no function {function_name!r}.")
-    return function
-
-
-# --------------------------------------------------------------------------------------------
-# Outside: the launcher.
-
-
-@dataclass
-class LaunchResult:
-    """What a multi-process run left behind.
-
-    Attributes:
-        returncode: 0 when every process succeeded; otherwise the first failing process's code
-            (a negative code -N means it was killed by signal N), or 124 after ``timeout_s``.
-        returncodes: each process's exit code, in process order (after any clean-up kill).
-        outputs: each process's combined stdout and stderr (gloo's connection lines left out).
-        results: what each process passed to :func:`report` (``None`` where nothing).
-        elapsed_s: wall time from the first start to the last exit.
-        failure: a one-line account of what went wrong, or ``None``.
-        stopped_after_failure_s: seconds from the first failure until every process had ended.
-        pids: the processes' ids (all ended when :func:`launch` returns).
-        command: the command each process ran.
-    """
-
-    returncode: int
-    returncodes: list[int]
-    outputs: list[str]
-    results: list[Any]
-    elapsed_s: float
-    failure: str | None = None
-    stopped_after_failure_s: float | None = None
-    pids: list[int] = field(default_factory=list)
-    command: list[str] = field(default_factory=list)
-
-
-def _describe_exit(code: int) -> str:
-    if code < 0:
-        try:
-            return f"was killed by {signal.Signals(-code).name}"
-        except ValueError:
-            return f"was killed by signal {-code}"
-    if code == EXIT_INIT_TIMEOUT:
-        return f"exited with code {code} (gave up waiting for the others to join)"
-    return f"exited with code {code}"
-
-
-# What a process prints when it fails *because* a peer did (a closed socket, a missed heartbeat).
-_CONSEQUENCE = re.compile(r"Connection (closed|reset) by peer|heartbeat timeout|tasks have crashed|"
-                          r"Terminating process because the JAX distributed service")
-
-
-def _blame(exits: Sequence[tuple[float, int]], codes: Sequence[int],
-           outputs: Sequence[str], window_s: float = 1.0) -> int:
-    # Processes that fail together end within moments of each other, in an order the operating
-    # system picks. Among the failures close to the first one, blame one whose output does not
-    # say that a peer went away first.
-    failed = [(t, r) for t, r in sorted(exits) if codes[r] != 0]
-    if not failed:
-        return next(r for r, c in enumerate(codes) if c)
-    close = [r for t, r in failed if t - failed[0][0] <= window_s]
-    causes = [r for r in close if not _CONSEQUENCE.search(outputs[r])]
-    return causes[0] if causes else close[0]
-
-
-def _pump(stream, rank: int, lines: list[str], echo: TextIO | None, lock: threading.Lock):
-    for line in iter(stream.readline, ""):
-        if _NOISE.search(line):
-            continue
-        lines.append(line)
-        if echo is not None:
-            with lock:
-                echo.write(f"[{rank}] {line}" if line.endswith("\n") else f"[{rank}] {line}\n")
-                echo.flush()
-    stream.close()
-
-
-def _stop(procs: Sequence[subprocess.Popen], wait_s: float = 2.0) -> None:
-    # Each process leads its own process group: signalling the group also ends anything it
-    # started. SIGTERM first (with SIGCONT, so that a stopped process receives it), then
-    # SIGKILL for whatever is still there.
-    for signals in ((signal.SIGTERM, signal.SIGCONT), (signal.SIGKILL,)):
-        for proc in procs:
-            for sig in signals:
-                if proc.poll() is None:
-                    try:
-                        os.killpg(proc.pid, sig)
-                    except ProcessLookupError:
-                        pass
-        deadline = time.monotonic() + wait_s
-        while time.monotonic() < deadline and any(p.poll() is None for p in procs):
-            time.sleep(0.05)
-    for proc in procs:
-        proc.wait()
-
-
-def launch(command: Sequence[str], *, processes: int, devices_per_process: int | Sequence[int] = 1,
-           port: int | None = None, timeout_s: float = 300.0, grace_s: float = 5.0,
-           heartbeat_timeout_s: int = 10, init_timeout_s: int = 30,
-           env: Mapping[str, str] | None = None, echo: bool | TextIO = True) -> LaunchResult:
-    """Start ``processes`` Python processes on this machine, joined over 127.0.0.1, and wait.
-
-    Each runs ``python COMMAND...`` (a script and its arguments, or ``-m module ...``) with the
-    variables :func:`init` reads, ``JAX_PLATFORMS=cpu`` and ``devices_per_process`` simulated
-    CPU devices. When a process fails, the others get ``grace_s`` seconds to stop on their own
-    (JAX's error is the useful one), then they are stopped; nothing is left running.
-
-    Args:
-        command: the arguments after ``python``.
-        processes: how many processes (hosts) to start.
-        devices_per_process: simulated devices in each process; a list gives each process its
-            own count (to show the mismatch error; :func:`init` rejects unequal counts).
-        port: the coordinator's port on 127.0.0.1; ``None`` picks a free one.
-        timeout_s: stop everything after this many seconds (return code 124).
-        grace_s: after the first failure, how long the others may take to stop by themselves.
-        heartbeat_timeout_s: JAX declares a silent process dead after this long.
-        init_timeout_s: how long the processes wait for each other at start-up.
-        env: extra environment variables for every process.
-        echo: print output lines as they come, prefixed ``[i]`` (True: to ``sys.stdout``; or a
-            text stream; False: quiet).
-
-    Returns:
-        A :class:`LaunchResult`.
-
-    Raises:
-        PortInUseError: when ``port`` is taken (nothing is started then).
-    """
-    processes = _checks.count("processes", processes)
-    if isinstance(devices_per_process, (list, tuple)):
-        counts = [_checks.count("devices_per_process", c) for c in devices_per_process]
-        if len(counts) != processes:
-            raise ValueError(f"devices_per_process lists {len(counts)} counts for {processes} "
-                             "processes; give one count per process, or a single number.")
-    else:
-        counts = [_checks.count("devices_per_process", devices_per_process)] * processes
-    if not command:
-        raise ValueError("launch needs a command: a script path (and its arguments) or "
-                         "['-m', 'module', ...].")
-    if port is None:
-        port = free_port()
-    else:
-        check_port_free(port)
-    echo_stream = sys.stdout if echo is True else (echo or None)
-    results_dir = tempfile.mkdtemp(prefix="clusterlab-launch-")
-    base_env = {**os.environ, **(env or {}),
-                ENV_COORDINATOR: f"{LOOPBACK}:{port}", ENV_NUM_PROCESSES: str(processes),
-                ENV_HEARTBEAT_TIMEOUT_S: str(heartbeat_timeout_s),
-                ENV_INIT_TIMEOUT_S: str(init_timeout_s), ENV_RESULTS_DIR: results_dir,
-                "JAX_PLATFORMS": "cpu", "PYTHONUNBUFFERED": "1"}
-    for name in ("SLURM_PROCID", "SLURM_NTASKS"):  # the launcher's settings, not a job's
-        base_env.pop(name, None)
-    full_command = [sys.executable, *command]
-    procs: list[subprocess.Popen] = []
-    outputs: list[list[str]] = [[] for _ in range(processes)]
-    threads: list[threading.Thread] = []
-    exits: list[tuple[float, int]] = []  # (time, rank) in the order the processes ended
-    lock = threading.Lock()
-
-    def wait_for(rank: int, proc: subprocess.Popen) -> None:
-        proc.wait()
-        with lock:
-            exits.append((time.monotonic(), rank))
-
-    start = time.monotonic()
-    failure, failed_at, returncode = None, None, 0
-    try:
-        for rank in range(processes):
-            proc_env = {**base_env, ENV_PROCESS_ID: str(rank),
-                        ENV_DEVICES_PER_PROCESS: str(counts[rank])}
-            proc = subprocess.Popen(full_command, env=proc_env, stdout=subprocess.PIPE,
-                                    stderr=subprocess.STDOUT, text=True, process_group=0)
-            procs.append(proc)
-            for target, args in ((_pump, (proc.stdout, rank, outputs[rank], echo_stream, lock)),
-                                 (wait_for, (rank, proc))):
-                thread = threading.Thread(target=target, args=args, daemon=True)
-                thread.start()
-                threads.append(thread)
-        while True:
-            with lock:
-                ended = list(exits)
-            now = time.monotonic()
-            if failure is None:
-                bad = [(t, r) for t, r in ended if procs[r].returncode != 0]
-                if bad:  # the first process to fail is the one to blame
-                    failed_at, rank = bad[0]
-                    returncode = procs[rank].returncode
-                    failure = f"process {rank} {_describe_exit(returncode)}"
-                elif now - start > timeout_s:
-                    failure = f"the run took longer than timeout_s={timeout_s:g} s"
-                    failed_at, returncode = now, 124
-                    break
-            if len(ended) == processes or (failure is not None and now - failed_at > grace_s):
-                break
-            time.sleep(0.02)
-    finally:
-        _stop(procs)
-        for thread in threads:
-            thread.join(timeout=5)
-    end = time.monotonic()
-    codes = [p.returncode for p in procs]
-    if failure is not None and returncode != 124:
-        rank = _blame(exits, codes, [("".join(lines)) for lines in outputs])
-        returncode, failure = codes[rank], f"process {rank} {_describe_exit(codes[rank])}"
-    results = []
-    for rank in range(processes):
-        path = Path(results_dir, f"{rank}.json")
-        results.append(json.loads(path.read_text()) if path.exists() else None)
-        path.unlink(missing_ok=True)
-    os.rmdir(results_dir)
-    if failure is not None and echo_stream is not None:
-        print(f"[launch] {failure}; all {processes} processes stopped "
-              f"{end - failed_at:.1f} s later.", file=echo_stream, flush=True)
-    return LaunchResult(returncode=returncode if failure else 0, returncodes=codes,
-                        outputs=["".join(lines) for lines in outputs], results=results,
-                        elapsed_s=end - start, failure=failure,
-                        stopped_after_failure_s=None if failed_at is None else end - failed_at,
-                        pids=[p.pid for p in procs], command=full_command)
-
-
-def run(target: str, *, processes: int, devices_per_process: int | Sequence[int] = 1,
-        check: bool = True, echo: bool | TextIO = False, launch_options: Mapping | None = None,
-        **kwargs: Any) -> LaunchResult:
-    """Run ``module.function(**kwargs)`` in ``processes`` joined processes and gather results.
-
-    Each process runs :func:`call`: it joins the others with :func:`init`, calls the function
-    and reports its return value, found afterwards in ``LaunchResult.results[process_id]``.
-
-    Args:
-        target: ``"package.module:function"`` (importable in a fresh interpreter).
-        processes: processes to start.
-        devices_per_process: simulated CPU devices in each.
-        check: raise :class:`DistributedError` (with the failing process's last lines) when the
-            run fails.
-        echo: print the processes' output as it comes.
-        launch_options: further keyword arguments of :func:`launch` (``timeout_s``, ``grace_s``,
-            ``port``, ...).
-        **kwargs: JSON-serialisable keyword arguments of the function.
-
-    Returns:
-        The :class:`LaunchResult`.
-    """
-    resolve(target)  # fail here, not in N processes, when the target does not exist
-    command = ["-m", "clusterlab.distributed", target, json.dumps(kwargs)]
-    result = launch(command, processes=processes, devices_per_process=devices_per_process,
-                    echo=echo, **dict(launch_options or {}))
-    if check and result.returncode:
-        tails = []
-        for rank, text in enumerate(result.outputs):
-            if result.returncodes[rank]:
-                tail = "\n".join(text.strip().splitlines()[-8:])
-                tails.append(f"--- process {rank} (last lines) ---\n{tail}")
-        raise DistributedError(f"{target} failed: {result.failure}.\n" + "\n".join(tails))
-    return result
 
 
 def _main(argv: Sequence[str]) -> int:
