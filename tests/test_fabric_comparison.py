@@ -13,9 +13,7 @@ A, B, B2 = (plan.FABRIC_CLUSTERS[k] for k in ("A", "B", "B2"))
 
 def test_step_is_data_parallel_step_with_cluster_collective():
     for cluster in (A, B, B2):
-        all_reduce = costmodel.cluster_collective(
-            "all_reduce", 14e9, gpu="H100", n_nodes=cluster.n_nodes, nic=cluster.nic,
-            nics_per_node=cluster.nics_per_node).time_s
+        all_reduce = costmodel.cluster_collective("all_reduce", 14e9, cluster).time_s
         expected = plan.data_parallel_step(7e9, 2**22, cluster.n_gpus, hardware.gpu("H100"),
                                            seq_len=4096, compute_efficiency=0.5,
                                            all_reduce_s=all_reduce)

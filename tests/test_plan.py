@@ -206,16 +206,16 @@ def test_predict_prices_each_group_as_a_part_of_the_one_cluster_spec():
     w = plan.Workload(8e9, 2048, 64, n_tokens=1e9, n_layers=32, d_model=4096)
     p = plan.predict(w, spec, plan.Layout(dp=16, tp=2), NO_OVERLAP)
     assert p.dp_estimate == costmodel.cluster_collective(
-        "all_reduce", 2 * 8e9 / 2, gpu="H100", n_nodes=4, gpus_per_node=4, nic="IB-NDR",
-        nics_per_node=4)
-    assert p.tp_estimate == costmodel.cluster_collective("all_reduce", 2048 * 4096 * 2,
-                                                         gpu="H100", gpus_per_node=2)
+        "all_reduce", 2 * 8e9 / 2, replace(spec, gpus_per_node=4, nics_per_node=4))
+    assert p.tp_estimate == costmodel.cluster_collective(
+        "all_reduce", 2048 * 4096 * 2, replace(spec, n_nodes=1, gpus_per_node=2))
     # A fractional share of the NICs (one port per node, 4 GPUs of 8) becomes a line rate.
     one_port = replace(spec, nic="Ethernet-100G", nics_per_node=1)
     shared = plan.predict(w, one_port, plan.Layout(dp=16, tp=2), NO_OVERLAP)
     assert shared.dp_estimate == costmodel.cluster_collective(
-        "all_reduce", 2 * 8e9 / 2, gpu="H100", n_nodes=4, gpus_per_node=4,
-        network_bytes_per_s=12.5e9 / 2, fabric="Ethernet")
+        "all_reduce", 2 * 8e9 / 2, replace(one_port, gpus_per_node=4,
+                                           network_bytes_per_s=12.5e9 / 2))
+    assert shared.dp_estimate.regime.fabric == "Ethernet"       # the NIC still names it
 
 
 def test_a_pcie_node_link_is_priced_as_pcie():

@@ -32,9 +32,8 @@ from clusterlab.plan.fabric_comparison import (FABRIC_CLUSTERS, FABRIC_JOB, Data
 from clusterlab.plan.power import (PUE_HYPERSCALE, PUE_INDUSTRY_AVERAGE, cluster_power_w,
                                    facility_power_w, gpus_within_power,
                                    peak_flops_per_facility_w)
-from clusterlab.plan.prediction import (BYTES_PER_VALUE, TP_ALL_REDUCES_PER_LAYER,
-                                        TP_ALL_REDUCES_PER_LAYER_RECOMPUTE, Plan, dp_all_reduce,
-                                        dp_all_reduce_s, predict)
+from clusterlab.plan.prediction import (BYTES_PER_VALUE, Plan, dp_all_reduce, dp_all_reduce_s,
+                                        predict)
 from clusterlab.plan.search import (best_plan, candidate_layouts, describe_plan, format_plans,
                                     gpus_needed, rank_layouts)
 from clusterlab.plan.step import (BACKWARD_FRACTION, BACKWARD_FRACTION_RECOMPUTE, StepTime,
@@ -44,8 +43,7 @@ from clusterlab.plan.workload import Assumptions, Layout, Workload, cluster
 
 __all__ = [
     "BACKWARD_FRACTION", "BACKWARD_FRACTION_RECOMPUTE", "BYTES_PER_VALUE", "FABRIC_CLUSTERS",
-    "FABRIC_JOB", "PUE_HYPERSCALE", "PUE_INDUSTRY_AVERAGE", "TP_ALL_REDUCES_PER_LAYER",
-    "TP_ALL_REDUCES_PER_LAYER_RECOMPUTE", "Assumptions", "DataParallelJob", "FabricCluster",
+    "FABRIC_JOB", "PUE_HYPERSCALE", "PUE_INDUSTRY_AVERAGE", "Assumptions", "DataParallelJob", "FabricCluster",
     "Layout", "Plan", "StepTime", "Workload", "best_plan", "candidate_layouts", "cluster",
     "cluster_power_w", "data_parallel_step", "default_shape", "describe_plan", "dp_all_reduce",
     "dp_all_reduce_s", "fabric_step", "facility_power_w", "format_plans", "gpus_needed",

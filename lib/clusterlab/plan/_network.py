@@ -16,16 +16,7 @@ def all_reduce(nbytes: float, group: ClusterSpec) -> costmodel.CollectiveEstimat
     a network without a named NIC (its fabric is unknown) or an accelerator outside the catalog
     (a TPU in the planner's validation tests is priced as if NCCL ran on it).
     """
-    keywords = dict(gpu=group.gpu, n_nodes=group.n_nodes, gpus_per_node=group.gpus_per_node,
-                    intra_node_link=group.intra_node_link,
-                    intra_node_bytes_per_s=group.intra_node_bytes_per_s, sharp=group.sharp)
-    if group.network_bytes_per_s is None:
-        keywords |= dict(nic=group.nic, nics_per_node=group.nics_per_node)
-    else:
-        keywords["network_bytes_per_s"] = group.network_bytes_per_s
-        if group.n_nodes > 1:      # the rate replaces the NICs; their name still says the fabric
-            keywords["fabric"] = costmodel.fabric_of(group.nic, group.n_nodes)
-    estimate = costmodel.cluster_collective("all_reduce", nbytes, **keywords)
+    estimate = costmodel.cluster_collective("all_reduce", nbytes, group)
     if (group.n_nodes > 1 and group.nic is None) or not _nccl_knows(group.gpu):
         estimate = replace(estimate, validated=False)
     return estimate

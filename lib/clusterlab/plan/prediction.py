@@ -22,12 +22,6 @@ from clusterlab.plan.workload import Assumptions, Layout, Workload
 
 BYTES_PER_VALUE = 2  # BF16: parameters, gradients and activations as they travel (2 bytes)
 
-# Tensor-parallel all-reduces per transformer layer and micro-batch (Megatron-LM): two in the
-# forward pass (after attention, after the MLP) and two in the backward pass; a full
-# recomputation of the forward pass adds its two again (Narayanan et al. 2021, section 3.2).
-TP_ALL_REDUCES_PER_LAYER = 4
-TP_ALL_REDUCES_PER_LAYER_RECOMPUTE = 6
-
 
 @dataclass(frozen=True)
 class Plan:
@@ -249,15 +243,17 @@ def _tensor_parallel(workload: Workload, cluster: ClusterSpec, layout: Layout,
     """Seconds of the tensor-parallel all-reduces and one all-reduce's estimate.
 
     ``m (L/pp) k`` all-reduces of one micro-batch's activations over the ``tp`` GPUs of a node
-    (``k`` Megatron's all-reduces per layer), none hidden.
+    (``k`` Megatron's all-reduces per layer and micro-batch,
+    :func:`clusterlab.costmodel.megatron_all_reduces_per_layer`: 4 in training, 6 with full
+    recomputation), none hidden.
     """
     if layout.tp == 1:
         return 0.0, None
     n_layers, d_model = workload.shape
     # act: bf16[micro_batch, seq_len, d_model], one all-reduce of a layer
     act_bytes = layout.micro_batch * workload.seq_len * d_model * BYTES_PER_VALUE
-    per_layer = (TP_ALL_REDUCES_PER_LAYER_RECOMPUTE if workload.recompute
-                 else TP_ALL_REDUCES_PER_LAYER)
+    per_layer = costmodel.megatron_all_reduces_per_layer(backward=True,
+                                                         recompute=workload.recompute)
     estimate = all_reduce(act_bytes, group_of(cluster, layout.tp, 1))
     return microbatches * (n_layers / layout.pp) * per_layer * estimate.time_s, estimate
 
