@@ -253,3 +253,10 @@ def test_storage_network_is_a_fraction_of_the_back_end():
         hardware.storage_network_bytes_per_s(hardware.rack("GB200 NVL72"))
     with pytest.raises(ValueError, match="Unknown node 'GB200 NVL72'"):
         hardware.storage_network_bytes_per_s("GB200 NVL72")
+
+
+def test_reference_fabric_is_named_for_what_it_is():
+    pod = hardware.fabric("SuperPOD B200 4SU")
+    assert isinstance(pod, hardware.ReferenceFabric)
+    assert hardware.Fabric is hardware.ReferenceFabric   # the former name, for topology's docs
+    assert pod.nodes_per_group * pod.n_groups == 128   # 4 SUs of 32 DGX B200

@@ -479,8 +479,12 @@ class ClusterSpec:
 
 
 @dataclass(frozen=True)
-class Fabric:
-    """A vendor reference design of a compute fabric (a two-tier, rail-optimized leaf-spine)."""
+class ReferenceFabric:
+    """A vendor reference design of a compute fabric (a two-tier, rail-optimized leaf-spine).
+
+    Its counts of switches and cables, as the vendor publishes them; the graph built from it is
+    :func:`clusterlab.topology.from_fabric`'s, its flows :mod:`clusterlab.fabric`'s.
+    """
 
     name: str
     node: str                    # key in NODES
@@ -493,19 +497,24 @@ class Fabric:
     source: str
 
 
-FABRICS: dict[str, Fabric] = {
+FABRICS: dict[str, ReferenceFabric] = {
     fabric.name: fabric for fabric in (
-        Fabric("SuperPOD B200 4SU", node="DGX B200", nodes_per_group=32, n_groups=4,
-               n_leaves=32, n_spines=16, leaf_spine_cables=1024, link="IB-NDR",
-               source="NVIDIA DGX SuperPOD reference architecture (DGX B200), table of "
-                      "component counts: 4 SUs, 128 nodes, 1024 GPUs, 32 leaf and 16 spine "
-                      "switches, 1024 node-leaf and 1024 leaf-spine cables, NDR 400 Gb/s "
-                      "[nvidia_superpod_b200_ra]"),
+        ReferenceFabric(
+            "SuperPOD B200 4SU", node="DGX B200", nodes_per_group=32, n_groups=4, n_leaves=32,
+            n_spines=16, leaf_spine_cables=1024, link="IB-NDR",
+            source="NVIDIA DGX SuperPOD reference architecture (DGX B200), table of component "
+                   "counts: 4 SUs, 128 nodes, 1024 GPUs, 32 leaf and 16 spine switches, 1024 "
+                   "node-leaf and 1024 leaf-spine cables, NDR 400 Gb/s [nvidia_superpod_b200_ra]"),
     )
 }
 
 
-def fabric(name: str) -> Fabric:
+#: The former name, kept because ``clusterlab.topology`` (another module's docstring) still
+#: names ``hardware.Fabric``; use :class:`ReferenceFabric`.
+Fabric = ReferenceFabric
+
+
+def fabric(name: str) -> ReferenceFabric:
     """Look up a reference fabric by name (case-insensitive); unknown names list the known ones."""
     return _lookup(FABRICS, name, "fabric")
 
