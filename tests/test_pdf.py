@@ -29,7 +29,7 @@ PDF_NAME = Path(CONFIG["latex"]["latex_documents"]["targetname"]).with_suffix(".
 PAGES_MIN, PAGES_MAX = 120, 900
 # Pages whose glued numbers must read the same in the PDF as in the HTML.
 GLUE_PAGES = ("chapters/notation-and-units", "chapters/04-collective-communication",
-              "chapters/08-planning-a-cluster")
+              "chapters/04b-nccl-on-a-cluster", "chapters/08-planning-a-cluster")
 
 
 class _Page(HTMLParser):
