@@ -8,11 +8,13 @@ function under test.
 from __future__ import annotations
 
 import math
+from typing import get_args
 
 import numpy as np
 import pytest
 
 from clusterlab import costmodel
+from clusterlab.costmodel import _model, alpha_beta, cluster, traffic
 
 ALPHA = 3e-6          # seconds per step
 BW = 50e9             # bytes/s per device, per direction
@@ -366,3 +368,15 @@ def test_megatron_all_reduces_per_layer():
     traffic = costmodel.tensor_parallel_bytes_per_step(16, 64, costmodel.MEGATRON_PAIRS_PER_LAYER,
                                                        4)
     assert traffic.all_reduces == costmodel.megatron_all_reduces_per_layer(backward=True)
+
+
+def test_the_literal_option_types_name_every_option():
+    # The Literal types of the signatures list exactly the options the functions accept.
+    assert set(get_args(alpha_beta.Op)) == set(costmodel.OPS)
+    assert set(get_args(alpha_beta.Algorithm)) == {a for algorithms in
+                                                   costmodel.ALGORITHMS.values()
+                                                   for a in algorithms}
+    assert set(get_args(traffic.Schedule)) == set(costmodel.PIPELINE_SCHEDULES)
+    assert set(get_args(_model.FabricKind)) == set(costmodel.FABRICS)
+    assert set(get_args(cluster.ClusterAlgorithm)) == {"auto", *costmodel.CLUSTER_ALGORITHMS}
+    assert set(get_args(cluster.Protocol)) == {"auto", *costmodel.PROTOCOLS}

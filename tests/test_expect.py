@@ -29,6 +29,7 @@ import pytest
 
 from clusterlab import __main__ as cli
 from clusterlab import costmodel, expect
+from clusterlab.published import nccl_tests
 from conftest import run_python
 
 DATA = Path(__file__).parent / "data"
@@ -298,7 +299,6 @@ def test_unhealthy_published_logs_are_low(capsys):
 
 def test_fixtures_hold_the_published_rows():
     # The fixtures are the published rows, value for value.
-    from clusterlab.published import nccl_tests
 
     def published(system_prefix, role):
         return sorted((r.size_bytes, r.busbw_gbps) for r in nccl_tests.rows(role)

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from clusterlab import costmodel, hardware, memory, serving
+from clusterlab import costmodel, flops, hardware, memory, serving
 
 # Llama-3-70B-like: 80 layers, 8 KV heads of 128 (Meta's config.json); 64 query heads x 128.
 L, KV_HEADS, HEAD_DIM, D_ATTN, N_70B = 80, 8, 128, 8192, 70e9
@@ -264,7 +264,6 @@ def test_serving_options_and_size_serving():
 
 
 def test_prefill_flops_is_the_causal_forward_count_of_flops():
-    from clusterlab import flops
     tokens = 512
     expected = tokens * flops.causal_flops_per_token(M.matmul_params, M.n_layers, tokens,
                                                      M.d_attn, backward=False)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Literal
 
 from clusterlab import _checks, hardware
 from clusterlab.costmodel import _nccl
@@ -51,6 +52,7 @@ _NVLINK_LINK_LINE = {2: 25e9, 3: 25e9, 4: 25e9, 5: 50e9}
 SIZE_CLASSES = ("< 1 MiB", "1 MiB - 1 GiB", ">= 1 GiB")
 #: The published rows' fabrics, and PCIe for a node whose GPUs talk over PCIe.
 FABRICS = ("NVLink", "PCIe") + nccl_tests.FABRICS[1:]
+FabricKind = Literal["NVLink", "PCIe", "InfiniBand", "RoCE", "EFA", "Ethernet"]
 
 
 @dataclass(frozen=True)
@@ -66,7 +68,7 @@ class Regime:
         return f"{self.nodes}, {self.fabric}, {self.ops}, {self.sizes}"
 
 
-def regime(op: str, nbytes: float, n_nodes: int, fabric: str) -> Regime:
+def regime(op: str, nbytes: float, n_nodes: int, fabric: FabricKind) -> Regime:
     """The :class:`Regime` of one collective (see :func:`validation_by_regime`)."""
     if fabric not in FABRICS:
         raise ValueError(f"Unknown fabric {fabric!r}; use one of {', '.join(FABRICS)}.")

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Literal, Sequence
 
 import numpy as np
 
@@ -25,6 +25,8 @@ from clusterlab import _checks
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "reduce",
        "send_recv")
+Op = Literal["all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "reduce",
+             "send_recv"]
 
 # Which algorithms the model knows for each op. "ring" is NCCL's default for large messages;
 # "recursive_doubling"/"recursive_halving" and "rabenseifner" are MPICH's (Thakur et al. 2005);
@@ -40,6 +42,8 @@ ALGORITHMS = {
     "reduce": ("ring", "tree"),
     "send_recv": ("ring",),
 }
+Algorithm = Literal["ring", "recursive_doubling", "recursive_halving", "rabenseifner", "tree",
+                    "in_network", "pairwise"]
 
 
 def _check_op(op: str) -> None:
@@ -53,7 +57,7 @@ def _check_positive_array(name: str, values: np.ndarray) -> None:
         _checks.positive(name, value)
 
 
-def busbw_factor(op: str, n: int) -> float:
+def busbw_factor(op: Op, n: int) -> float:
     """The factor nccl-tests multiplies algbw by to get bus bandwidth.
 
     Args:
@@ -83,7 +87,7 @@ def algbw(nbytes: float, seconds: float) -> float:
     return nbytes / seconds
 
 
-def busbw(op: str, nbytes: float, seconds: float, n: int) -> float:
+def busbw(op: Op, nbytes: float, seconds: float, n: int) -> float:
     """Bus bandwidth in bytes/s: ``algbw * busbw_factor(op, n)``, comparable to the link speed."""
     return algbw(nbytes, seconds) * busbw_factor(op, n)
 
@@ -97,8 +101,8 @@ def _log2_exact(n: int, algorithm: str) -> int:
     return steps
 
 
-def collective_steps_and_bytes(op: str, nbytes: float, n: int,
-                               algorithm: str = "ring") -> tuple[int, float]:
+def collective_steps_and_bytes(op: Op, nbytes: float, n: int,
+                               algorithm: Algorithm = "ring") -> tuple[int, float]:
     """Latency steps and bytes each device sends, for one collective under one algorithm.
 
     Args:
@@ -145,8 +149,8 @@ def collective_steps_and_bytes(op: str, nbytes: float, n: int,
     return log_n, log_n * float(nbytes)
 
 
-def collective_time(op: str, nbytes: float, n: int, bandwidth: float, latency: float = 0.0,
-                    algorithm: str = "ring") -> float:
+def collective_time(op: Op, nbytes: float, n: int, bandwidth: float, latency: float = 0.0,
+                    algorithm: Algorithm = "ring") -> float:
     """Predicted time in seconds of one collective under the alpha-beta model.
 
     Args:
@@ -298,8 +302,8 @@ def fit_held_out(nbytes: Sequence[float], seconds: Sequence[float],
                       predicted_s=np.asarray(model.predict(sizes[mask]), dtype=float))
 
 
-def collective_alpha_beta(op: str, n: int, bandwidth: float, latency: float = 0.0,
-                          algorithm: str = "ring") -> AlphaBeta:
+def collective_alpha_beta(op: Op, n: int, bandwidth: float, latency: float = 0.0,
+                          algorithm: Algorithm = "ring") -> AlphaBeta:
     """One collective algorithm as a line ``time = alpha + beta * nbytes``.
 
     Every algorithm of :func:`collective_steps_and_bytes` sends a fixed number of steps and a
@@ -386,7 +390,8 @@ def hierarchical_all_reduce_time(nbytes: float, gpus_per_node: int, n_nodes: int
 
 
 
-def link_from_fit(fit: AlphaBeta, op: str, n: int, algorithm: str = "ring") -> tuple[float, float]:
+def link_from_fit(fit: AlphaBeta, op: Op, n: int,
+                  algorithm: Algorithm = "ring") -> tuple[float, float]:
     """The link behind a measured line: invert :func:`collective_alpha_beta`.
 
     A collective that takes ``steps`` latency steps and sends ``w`` bytes per buffer byte has the

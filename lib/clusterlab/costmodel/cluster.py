@@ -11,7 +11,7 @@ from typing import Literal
 
 from clusterlab import hardware
 from clusterlab.costmodel import _model, validation
-from clusterlab.costmodel._model import CollectiveEstimate
+from clusterlab.costmodel._model import CollectiveEstimate, FabricKind
 
 ClusterOp = Literal["all_reduce", "all_gather", "reduce_scatter", "all_to_all"]
 ClusterAlgorithm = Literal["auto", "ring", "tree", "nvls", "nvls_tree", "collnet_direct",
@@ -55,7 +55,8 @@ def _keyword_cluster(cluster: hardware.ClusterSpec | None, *, gpu: hardware.GPU 
 
 def cluster_collective(op: ClusterOp, nbytes: float, cluster: hardware.ClusterSpec | None = None,
                        *, algorithm: ClusterAlgorithm = "auto", protocol: Protocol = "auto",
-                       fabric: str | None = None, gpu: hardware.GPU | str | None = None,
+                       fabric: FabricKind | None = None,
+                       gpu: hardware.GPU | str | None = None,
                        n_nodes: int | None = None, gpus_per_node: int | None = None,
                        nic: str | None = None, nics_per_node: int | None = None,
                        intra_node_link: str | None = None,

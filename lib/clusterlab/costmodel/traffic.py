@@ -8,7 +8,7 @@ of :mod:`clusterlab.costmodel.alpha_beta`.
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Literal, NamedTuple
 
 from clusterlab import _checks
 from clusterlab.costmodel.alpha_beta import collective_steps_and_bytes
@@ -210,17 +210,20 @@ def tensor_parallel_bytes_per_step(tokens: int, d_model: int, n_pairs: int, tp: 
     n_pairs = _checks.count("n_pairs", n_pairs)
     tp = _checks.count("tp", tp)
     bytes_per_element = _checks.count("bytes_per_element", bytes_per_element)
+    buffer_bytes = float(tokens * d_model * bytes_per_element)
     if tp == 1:
-        return TensorParallelTraffic(0, 0, float(tokens * d_model * bytes_per_element), 1)
+        return TensorParallelTraffic(forward_all_reduces=0, backward_all_reduces=0,
+                                     all_reduce_bytes=buffer_bytes, tp=1)
     backward = n_pairs if first_input_needs_grad else n_pairs - 1
-    return TensorParallelTraffic(n_pairs, backward, float(tokens * d_model * bytes_per_element),
-                                 tp)
+    return TensorParallelTraffic(forward_all_reduces=n_pairs, backward_all_reduces=backward,
+                                 all_reduce_bytes=buffer_bytes, tp=tp)
 
 
 PIPELINE_SCHEDULES = ("gpipe", "1f1b", "interleaved")
+Schedule = Literal["gpipe", "1f1b", "interleaved"]
 
 
-def check_pipeline(stages: int, microbatches: int, schedule: str, *,
+def check_pipeline(stages: int, microbatches: int, schedule: Schedule, *,
                    virtual_stages: int = 1) -> tuple[int, int, int]:
     """Validate a pipeline's shape; return ``(p, m, v)``.
 
@@ -247,7 +250,7 @@ def check_pipeline(stages: int, microbatches: int, schedule: str, *,
     return p, m, v
 
 
-def _check_pipeline(stages: int, microbatches: int, schedule: str) -> tuple[int, int]:
+def _check_pipeline(stages: int, microbatches: int, schedule: Schedule) -> tuple[int, int]:
     if schedule == "interleaved":
         raise ValueError("Activation counts are modelled for 'gpipe' and '1f1b'; count an "
                          "interleaved schedule's with parallel.pipeline.make_schedule("
@@ -255,7 +258,7 @@ def _check_pipeline(stages: int, microbatches: int, schedule: str) -> tuple[int,
     return check_pipeline(stages, microbatches, schedule)[:2]
 
 
-def pipeline_bubble_fraction(stages: int, microbatches: int, schedule: str = "gpipe", *,
+def pipeline_bubble_fraction(stages: int, microbatches: int, schedule: Schedule = "gpipe", *,
                              virtual_stages: int = 1) -> float:
     """The fraction of a pipeline step each stage idles: ``(p-1) / (v m + p - 1)``.
 
@@ -287,7 +290,8 @@ def pipeline_bubble_fraction(stages: int, microbatches: int, schedule: str = "gp
     return (p - 1) / (v * m + p - 1)
 
 
-def pipeline_activation_microbatches(stages: int, microbatches: int, schedule: str = "gpipe", *,
+def pipeline_activation_microbatches(stages: int, microbatches: int,
+                                     schedule: Schedule = "gpipe", *,
                                      stage: int = 0) -> int:
     """The most micro-batches whose activations one stage holds at once.
 
