@@ -65,6 +65,7 @@ References:
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -73,6 +74,7 @@ import networkx as nx
 import numpy as np
 import scipy.sparse as sp
 from scipy.sparse.csgraph import shortest_path
+from tqdm import tqdm
 
 from clusterlab import costmodel, topology
 
@@ -85,7 +87,6 @@ ALGORITHMS = {"all_reduce": ("ring", "hierarchical", "tree"), "all_gather": ("ri
 NET_HOP_LATENCY_S = 1e-6
 NVLINK_HOP_LATENCY_S = 0.5e-6
 _SWITCH_KINDS = ("leaf", "spine", "core")
-_MASK64 = np.uint64(0xFFFFFFFFFFFFFFFF)
 
 
 def _mix(*keys: np.ndarray) -> np.ndarray:
@@ -100,6 +101,34 @@ def _mix(*keys: np.ndarray) -> np.ndarray:
             h *= np.uint64(0x94D049BB133111EB)
             h ^= h >> np.uint64(31)
     return h
+
+
+class _SubFlows(NamedTuple):
+    """The sub-flows of a route: each one's source, destination, connection and queue pair."""
+
+    src: np.ndarray
+    dst: np.ndarray
+    conn: np.ndarray
+    qp: np.ndarray
+
+
+class _Entries:
+    """The (link, sub-flow, fraction) entries of an incidence matrix, collected per hop."""
+
+    def __init__(self) -> None:
+        self._rows: list[np.ndarray] = []   # link index per entry
+        self._cols: list[np.ndarray] = []   # sub-flow per entry
+        self._vals: list[np.ndarray] = []
+
+    def add(self, arcs: np.ndarray, subs: np.ndarray, weight: np.ndarray | None = None) -> None:
+        """Sub-flow ``subs[i]`` crosses link ``arcs[i]`` (all of it, or ``weight[i]`` of it)."""
+        self._rows.append(arcs)
+        self._cols.append(subs)
+        self._vals.append(np.ones(len(arcs)) if weight is None else weight)
+
+    def arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Links, sub-flows and fractions, concatenated in the order they were added."""
+        return tuple(np.concatenate(x) for x in (self._rows, self._cols, self._vals))
 
 
 class Fabric:
@@ -300,83 +329,100 @@ class Fabric:
         conn = np.zeros(n_flows, dtype=int) if conn is None else np.asarray(conn, dtype=int)
         sub_qps = qps if policy == "ecmp" else 1
         flow_of = np.repeat(np.arange(n_flows), sub_qps)
-        s, d, c = src[flow_of], dst[flow_of], conn[flow_of]
-        qp = np.tile(np.arange(sub_qps), n_flows)
-        n_sub = len(flow_of)
-        rows: list[np.ndarray] = []   # link index per entry
-        cols: list[np.ndarray] = []   # sub-flow per entry
-        vals: list[np.ndarray] = []
-
-        def add(arcs, subs, weight=None):
-            rows.append(arcs)
-            cols.append(subs)
-            vals.append(np.ones(len(arcs)) if weight is None else weight)
-
+        subflows = _SubFlows(src=src[flow_of], dst=dst[flow_of], conn=conn[flow_of],
+                             qp=np.tile(np.arange(sub_qps), n_flows))
+        s, d = subflows.src, subflows.dst
+        entries = _Entries()
         same_server = (self.server[s] >= 0) & (self.server[s] == self.server[d]) & \
             (self.nvswitch[s] >= 0)
         # 1. Inside a server: GPU -> NVSwitch -> GPU.
         idx = np.flatnonzero(same_server)
-        g_s, g_d = self._node(s[idx]), self._node(d[idx])
-        add(self.arcs(g_s, self.nvswitch[s[idx]]), idx)
-        add(self.arcs(self.nvswitch[s[idx]], g_d), idx)
+        entries.add(self.arcs(self._node(s[idx]), self.nvswitch[s[idx]]), idx)
+        entries.add(self.arcs(self.nvswitch[s[idx]], self._node(d[idx])), idx)
         # 2. PXN: to the source server's GPU on the destination's rail first.
         net = np.flatnonzero(~same_server)
-        origin = s[net].copy()
-        if pxn:
-            cross = (self.rail[s[net]] != self.rail[d[net]]) & (self.nvswitch[s[net]] >= 0) & \
-                (self.rail[d[net]] >= 0)
-            for k in np.flatnonzero(cross):
-                key = (int(self.server[s[net[k]]]), int(self.rail[d[net[k]]]))
-                if key not in self._by_server_rail:
-                    raise ValueError(f"PXN needs a GPU on rail {key[1]} in server {key[0]}.")
-                origin[k] = self._by_server_rail[key]
-            hop = net[cross]
-            add(self.arcs(self._node(s[hop]), self.nvswitch[s[hop]]), hop)
-            add(self.arcs(self.nvswitch[s[hop]], self._node(origin[cross])), hop)
+        origin = self._pxn_hop(s, d, net, entries) if pxn else s[net].copy()
         # 3. The network: GPU -> leaf -> ... -> leaf -> GPU.
-        add(self.arcs(self._node(origin), self.leaf[origin]), net)
-        add(self.arcs(self.leaf[d[net]], self._node(d[net])), net)
-        cur, target = self.leaf[origin], self.leaf[d[net]]
+        entries.add(self.arcs(self._node(origin), self.leaf[origin]), net)
+        entries.add(self.arcs(self.leaf[d[net]], self._node(d[net])), net)
         if policy == "spray":
-            for k in np.flatnonzero(cur != target):
-                arcs, weight = self._spray(int(cur[k]), int(target[k]))
-                add(arcs, np.full(len(arcs), net[k]), weight)
+            self._spray_switches(self.leaf[origin], self.leaf[d[net]], net, entries)
         else:
-            subs = net
-            up_product = np.ones(len(net), dtype=np.int64)
-            while True:
-                moving = cur != target
-                if not moving.any():
-                    break
-                cur, target, subs, up_product = (cur[moving], target[moving], subs[moving],
-                                                 up_product[moving])
-                keys, inverse = np.unique(cur * len(self.names) + target, return_inverse=True)
-                tables = [self._next_hops(int(k // len(self.names)), int(k % len(self.names)))
-                          for k in keys]
-                width = max(len(t) for t in tables)
-                table = np.full((len(keys), width), -1)
-                count = np.empty(len(keys), dtype=np.int64)
-                for i, t in enumerate(tables):
-                    table[i, :len(t)] = t
-                    count[i] = len(t)
-                n_choices = count[inverse]
-                if policy == "ecmp":
-                    h = _mix(np.full(len(subs), seed), cur, s[subs], d[subs], qp[subs],
-                             c[subs])
-                    pick = (h % n_choices.astype(np.uint64)).astype(np.int64)
-                else:  # dmodk: destination-based, one digit per up-hop with a choice
-                    pick = (d[subs] // up_product) % n_choices
-                    up_product = up_product * n_choices
-                nxt = table[inverse, pick]
-                add(self.arcs(cur, nxt), subs)
-                cur = nxt
-        row, col, val = (np.concatenate(x) for x in (rows, cols, vals))
+            self._hop_by_hop(self.leaf[origin], self.leaf[d[net]], net, subflows, entries,
+                             policy=policy, seed=seed)
+        row, col, val = entries.arrays()
+        n_sub = len(flow_of)
         incidence = sp.csr_matrix((val, (row, col)), shape=(self.n_arcs, n_sub))
         latency = np.zeros(n_sub)
         # A sprayed flow's fractions at each hop sum to 1: weighting by them gives its path's
         # latency (equal-cost paths have equal hop counts), not the sum over every path.
         np.add.at(latency, col, self.latency_s[row] * val)
         return incidence, flow_of, latency
+
+    def _pxn_hop(self, s: np.ndarray, d: np.ndarray, net: np.ndarray,
+                 entries: _Entries) -> np.ndarray:
+        """PXN's NVLink hop for the cross-rail sub-flows ``net``; where each enters the network.
+
+        A cross-rail sub-flow goes first over NVLink to the GPU of its source's server on its
+        destination's rail; the others enter the network at their own GPU.
+        """
+        origin = s[net].copy()
+        cross = (self.rail[s[net]] != self.rail[d[net]]) & (self.nvswitch[s[net]] >= 0) & \
+            (self.rail[d[net]] >= 0)
+        for k in np.flatnonzero(cross):
+            key = (int(self.server[s[net[k]]]), int(self.rail[d[net[k]]]))
+            if key not in self._by_server_rail:
+                raise ValueError(f"PXN needs a GPU on rail {key[1]} in server {key[0]}.")
+            origin[k] = self._by_server_rail[key]
+        hop = net[cross]
+        entries.add(self.arcs(self._node(s[hop]), self.nvswitch[s[hop]]), hop)
+        entries.add(self.arcs(self.nvswitch[s[hop]], self._node(origin[cross])), hop)
+        return origin
+
+    def _spray_switches(self, cur: np.ndarray, target: np.ndarray, net: np.ndarray,
+                        entries: _Entries) -> None:
+        """Leaf to leaf, each sub-flow spread evenly over every shortest path."""
+        for k in np.flatnonzero(cur != target):
+            arcs, weight = self._spray(int(cur[k]), int(target[k]))
+            entries.add(arcs, np.full(len(arcs), net[k]), weight)
+
+    def _hop_by_hop(self, cur: np.ndarray, target: np.ndarray, subs: np.ndarray,
+                    subflows: _SubFlows, entries: _Entries, *, policy: str,
+                    seed: int) -> None:
+        """Leaf to leaf, one next hop per sub-flow and switch: ECMP's hash or D-mod-k's digit."""
+        s, d = subflows.src, subflows.dst
+        up_product = np.ones(len(subs), dtype=np.int64)
+        while True:
+            moving = cur != target
+            if not moving.any():
+                return
+            cur, target, subs, up_product = (cur[moving], target[moving], subs[moving],
+                                             up_product[moving])
+            table, n_choices = self._next_hop_table(cur, target)
+            if policy == "ecmp":
+                h = _mix(np.full(len(subs), seed), cur, s[subs], d[subs], subflows.qp[subs],
+                         subflows.conn[subs])
+                pick = (h % n_choices.astype(np.uint64)).astype(np.int64)
+            else:  # dmodk: destination-based, one digit per up-hop with a choice
+                pick = (d[subs] // up_product) % n_choices
+                up_product = up_product * n_choices
+            nxt = table[np.arange(len(cur)), pick]
+            entries.add(self.arcs(cur, nxt), subs)
+            cur = nxt
+
+    def _next_hop_table(self, cur: np.ndarray, target: np.ndarray
+                        ) -> tuple[np.ndarray, np.ndarray]:
+        """Each pair's next hops (row i, padded with -1) and how many there are."""
+        n_nodes = len(self.names)
+        keys, inverse = np.unique(cur * n_nodes + target, return_inverse=True)
+        tables = [self._next_hops(int(k // n_nodes), int(k % n_nodes)) for k in keys]
+        width = max(len(t) for t in tables)
+        table = np.full((len(keys), width), -1)
+        count = np.empty(len(keys), dtype=np.int64)
+        for i, t in enumerate(tables):
+            table[i, :len(t)] = t
+            count[i] = len(t)
+        return table[inverse], count[inverse]
 
     def _node(self, gpu_positions: np.ndarray) -> np.ndarray:
         return self._gpu_node[np.asarray(gpu_positions, dtype=int)]
@@ -647,13 +693,7 @@ def _tree_step(fabric, groups, channels, nbytes) -> Step:
     fill = 0
     for g in groups:
         if (fabric.server[g] >= 0).all():
-            by_server: dict[int, list[int]] = {}
-            for r in g:
-                by_server.setdefault(int(fabric.server[r]), []).append(int(r))
-            if len({len(m) for m in by_server.values()}) != 1:
-                raise ValueError("A tree all-reduce needs the same number of GPUs in every "
-                                 "server of a group.")
-            members = [sorted(m, key=lambda x: fabric.rail[x]) for m in by_server.values()]
+            members = _members_by_server(fabric, g, "tree all-reduce")
         else:   # no servers: every GPU is a node of the tree
             members = [[int(r)] for r in g]
         n_nodes, local = len(members), len(members[0])
@@ -672,6 +712,17 @@ def _tree_step(fabric, groups, channels, nbytes) -> Step:
                     conn.append(np.full(2 * len(a), 2 * ch + t))
     src, dst, conn = np.concatenate(src), np.concatenate(dst), np.concatenate(conn)
     return Step(src, dst, conn, np.full(len(src), nbytes / (2 * channels)), 1, fill)
+
+
+def _members_by_server(fabric: Fabric, group: np.ndarray, algorithm: str) -> list[list[int]]:
+    """The group's GPUs per server (servers in order of first member), each in rail order."""
+    by_server: dict[int, list[int]] = {}
+    for r in group:
+        by_server.setdefault(int(fabric.server[r]), []).append(int(r))
+    if len({len(m) for m in by_server.values()}) != 1:
+        raise ValueError(f"A {algorithm} needs the same number of GPUs in every server of a "
+                         f"group.")
+    return [sorted(m, key=lambda x: fabric.rail[x]) for m in by_server.values()]
 
 
 def _ring_step(fabric, groups, channels, aware, chunk_bytes, repeats) -> Step:
@@ -721,7 +772,7 @@ def steps(fabric: Fabric, op: str, nbytes: float, ranks: Sequence[int] | None = 
         raise ValueError(f"nbytes must be a positive number of bytes, got {nbytes!r}.")
     group_list = _groups(fabric, ranks, groups)
     n = len(group_list[0])
-    if channels is None:
+    if channels is None:  # one channel per GPU of the fullest server
         per_server = [np.unique(fabric.server[g], return_counts=True)[1].max()
                       if (fabric.server[g] >= 0).all() else 1 for g in group_list]
         channels = int(max(per_server))
@@ -730,33 +781,39 @@ def steps(fabric: Fabric, op: str, nbytes: float, ranks: Sequence[int] | None = 
     if load is not None and op != "all_to_all":
         raise ValueError("load (skewed receive traffic) applies to all_to_all only.")
     if op == "all_to_all":
-        weights = np.ones(n) if load is None else np.asarray(load, dtype=float)
-        if weights.shape != (n,) or (weights < 0).any() or weights.sum() <= 0:
-            raise ValueError(f"load needs {n} non-negative weights (one per group member).")
-        weights = weights * n / weights.sum()
-        i, j = np.meshgrid(np.arange(n), np.arange(n), indexing="ij")
-        off = (i != j) & (weights[j] > 0)
-        src = np.concatenate([g[i[off]] for g in group_list])
-        dst = np.concatenate([g[j[off]] for g in group_list])
-        size = np.tile(nbytes / n * weights[j[off]], len(group_list))
-        return [Step(src, dst, np.zeros(len(src), dtype=int), size, 1)]
+        return [_all_to_all_step(group_list, nbytes, load)]
     if algorithm == "ring":
         repeats = 2 * (n - 1) if op == "all_reduce" else n - 1
         return [_ring_step(fabric, group_list, channels, aware, nbytes / n, repeats)]
     if algorithm == "tree":
         return [_tree_step(fabric, group_list, channels, nbytes)]
+    return _hierarchical_steps(fabric, group_list, nbytes)
+
+
+def _all_to_all_step(groups: list[np.ndarray], nbytes: float,
+                     load: Sequence[float] | None) -> Step:
+    """Every member to every other, ``nbytes / n * load[j]`` to member j (see :func:`steps`)."""
+    n = len(groups[0])
+    weights = np.ones(n) if load is None else np.asarray(load, dtype=float)
+    if weights.shape != (n,) or (weights < 0).any() or weights.sum() <= 0:
+        raise ValueError(f"load needs {n} non-negative weights (one per group member).")
+    weights = weights * n / weights.sum()
+    i, j = np.meshgrid(np.arange(n), np.arange(n), indexing="ij")
+    off = (i != j) & (weights[j] > 0)
+    src = np.concatenate([g[i[off]] for g in groups])
+    dst = np.concatenate([g[j[off]] for g in groups])
+    size = np.tile(nbytes / n * weights[j[off]], len(groups))
+    return Step(src, dst, np.zeros(len(src), dtype=int), size, 1)
+
+
+def _hierarchical_steps(fabric: Fabric, groups: list[np.ndarray], nbytes: float) -> list[Step]:
+    """The in-server rings and the rail rings across servers (see :func:`steps`)."""
     inner, outer = [], []
-    for g in group_list:
+    for g in groups:
         if (fabric.server[g] < 0).any():
             raise ValueError("A hierarchical all-reduce needs servers (node attributes); "
                              "build the graph with topology.rail_optimized or use 'ring'.")
-        by_server: dict[int, list[int]] = {}
-        for r in g:
-            by_server.setdefault(int(fabric.server[r]), []).append(int(r))
-        if len({len(m) for m in by_server.values()}) != 1:
-            raise ValueError("A hierarchical all-reduce needs the same number of GPUs in "
-                             "every server of a group.")
-        members = [sorted(m, key=lambda x: fabric.rail[x]) for m in by_server.values()]
+        members = _members_by_server(fabric, g, "hierarchical all-reduce")
         inner.extend(np.array(m) for m in members)
         outer.extend(np.array(members).T)
     g_local, n_servers = len(inner[0]), len(outer[0])
@@ -887,8 +944,6 @@ def sweep(fabric: Fabric, op: str, nbytes: float, *, over: str, values: Sequence
         ``[r.time_s for r in sweep(f, "all_reduce", 2**30, over="seed", values=range(8),
         ranks=placement, aware=False)]``: the ECMP lottery of one placement.
     """
-    from tqdm import tqdm
-
     known = ("ranks", "groups", "algorithm", "channels", "aware", "policy", "seed", "qps",
              "pxn", "load")
     if over not in known:
@@ -903,8 +958,6 @@ def sweep(fabric: Fabric, op: str, nbytes: float, *, over: str, values: Sequence
 def _benchmark() -> None:
     """Time one ring and one tree all-reduce at 1,024 and 16,384 GPUs
     (``python -m clusterlab.fabric``)."""
-    import time
-
     for n_servers in (128, 2048):
         start = time.perf_counter()
         graph = topology.rail_optimized(n_servers, 8, nic_bytes_per_s=50e9, nodes_per_group=32,

@@ -32,7 +32,10 @@ from __future__ import annotations
 import random
 from collections.abc import Hashable, Iterable, Sequence
 
+import matplotlib.pyplot as plt
 import networkx as nx
+
+from clusterlab import hardware
 
 ENDPOINT_KIND = "gpu"
 # Tier of each kind of node, bottom to top; used for drawing and for oversubscription.
@@ -365,8 +368,6 @@ def from_fabric(spec, *, nvlink: bool = False) -> nx.Graph:
     Returns:
         :func:`rail_optimized` with the fabric's servers, groups, spines and cables.
     """
-    from clusterlab import hardware
-
     spec = hardware.fabric(spec) if isinstance(spec, str) else spec
     node = hardware.node(spec.node)
     links_per_spine, rest = divmod(spec.leaf_spine_cables, spec.n_leaves * spec.n_spines)
@@ -580,8 +581,6 @@ def draw(graph: nx.Graph, ax=None, *, labels: bool = True, node_size: float = 30
     Returns:
         The matplotlib axes.
     """
-    import matplotlib.pyplot as plt
-
     if ax is None:
         _, ax = plt.subplots(figsize=(8, 3.5))
     colors = {"gpu": "#76b900", "nvswitch": "#9467bd", "leaf": "#1f77b4", "spine": "#ff7f0e",
