@@ -30,8 +30,8 @@ Why not otter-grader or nbgrader: both keep their tests in notebook cells of the
 and autograder copies from it, which duplicates the book's gated ``solution-start``/``-end``
 exercises and the stored outputs nbval compares; nbgrader adds a database and Jupyter server
 extensions, otter-grader runs its grading in Docker by default. Neither inspects a compiled JAX
-program. A key module beside the labs reuses :mod:`clusterlab.check`'s comparisons and
-:func:`clusterlab.collectives.executed_collectives`, and the instructor's labs show the
+program. A key module beside the labs reuses :mod:`clusterlab.answers`' comparisons and
+:func:`clusterlab.hlo.executed_collectives`, and the instructor's labs show the
 solutions' ✓ lines in the book and under nbval.
 """
 
@@ -49,7 +49,7 @@ from pathlib import Path
 
 import numpy as np
 
-from clusterlab import check
+from clusterlab import answers, hlo
 
 KEYS_ENV = "CLUSTERLAB_KEYS"
 _KEY_FILE = re.compile(r"^lab(\d\d)\.py$")
@@ -89,7 +89,7 @@ def _expected(expected, namespace: Mapping[str, object]):
 
 def close(expected, *, name: str, hint: str = "", rtol: float = 1e-3,
           atol: float = 0.0) -> Exercise:
-    """A value exercise compared within a tolerance (:func:`clusterlab.check.close_verdict`).
+    """A value exercise compared within a tolerance (:func:`clusterlab.answers.close_verdict`).
 
     Args:
         expected: the value, or a function of the lab's namespace returning it.
@@ -98,14 +98,14 @@ def close(expected, *, name: str, hint: str = "", rtol: float = 1e-3,
         rtol: relative tolerance.
         atol: absolute tolerance.
     """
-    return Exercise(name, lambda answer, ns: check.close_verdict(
+    return Exercise(name, lambda answer, ns: answers.close_verdict(
         answer, _expected(expected, ns), rtol=rtol, atol=atol, hint=hint, name=name))
 
 
 def equal(expected, *, name: str, hint: str = "") -> Exercise:
-    """An exact-value exercise (:func:`clusterlab.check.equal_verdict`); ``expected`` as in
+    """An exact-value exercise (:func:`clusterlab.answers.equal_verdict`); ``expected`` as in
     :func:`close`."""
-    return Exercise(name, lambda answer, ns: check.equal_verdict(
+    return Exercise(name, lambda answer, ns: answers.equal_verdict(
         answer, _expected(expected, ns), hint=hint, name=name))
 
 
@@ -121,8 +121,8 @@ def code(checker: Callable[[Callable, Mapping[str, object]], None], *, name: str
         hint: shown when it is refused.
     """
     def judge(answer, ns):
-        if check.is_unanswered(answer):
-            return check.equal_verdict(answer, None, name=name)
+        if answers.is_unanswered(answer):
+            return answers.equal_verdict(answer, None, name=name)
         if not callable(answer):
             return False, (f"✗ {name}: expected the function you wrote, got a "
                            f"{type(answer).__name__}. {hint}").rstrip()
@@ -142,15 +142,13 @@ def code(checker: Callable[[Callable, Mapping[str, object]], None], *, name: str
 def collective_kinds(function: Callable, *args) -> list[str]:
     """The collectives ``function(*args)`` executes, by XLA opcode, in program order.
 
-    ``function`` is jitted first when it is not (:func:`clusterlab.collectives.
-    executed_collectives` reads the compiled program and counts loop trips).
+    ``function`` is jitted first when it is not (:func:`clusterlab.hlo.executed_collectives`
+    reads the compiled program and counts loop trips).
     """
-    import jax
-
-    from clusterlab import collectives
+    import jax  # here, not at the top: check imports this module, chapters import check
 
     jitted = function if hasattr(function, "lower") else jax.jit(function)
-    return [op.kind for op in collectives.executed_collectives(jitted, *args)]
+    return [op.kind for op in hlo.executed_collectives(jitted, *args)]
 
 
 def require_collectives(function: Callable, *args, includes: Iterable[str],
@@ -181,9 +179,9 @@ def require_close(actual, expected, *, what: str, rtol: float = 1e-5,
     """Refuse unless ``actual`` equals ``expected`` within the tolerances and has its shape.
 
     Raises:
-        Refused: with :func:`clusterlab.check.close_verdict`'s reason.
+        Refused: with :func:`clusterlab.answers.close_verdict`'s reason.
     """
-    passed, line = check.close_verdict(np.asarray(actual), np.asarray(expected), rtol=rtol,
+    passed, line = answers.close_verdict(np.asarray(actual), np.asarray(expected), rtol=rtol,
                                        atol=atol, name=what)
     if not passed:
         raise Refused(line.removeprefix("✗ "))
@@ -284,7 +282,7 @@ _MARK = "clusterlab-grade"
 
 def report(key_path: str, token: str, namespace: Mapping[str, object]) -> None:
     """Print the verdicts on every exercise as one marked JSON line (the grader's last cell)."""
-    verdicts = judge_all(load_key(key_path), check.recorded_answers(), namespace)
+    verdicts = judge_all(load_key(key_path), answers.recorded_answers(), namespace)
     print(f"{_MARK} {token} " + json.dumps([[v.exercise_id, v.passed, v.line] for v in verdicts]))
 
 
@@ -326,6 +324,8 @@ def grade_notebook(path: str | Path, *, key_dir: str | Path, timeout_s: float = 
     Raises:
         ValueError: when the notebook's lab cannot be told or has no key.
     """
+    # Here, not at the top: every lab and chapter imports this module through check, and
+    # nbformat's schema validation alone takes about 2 s to import; only the grader needs it.
     import nbformat
     from nbclient import NotebookClient
 
