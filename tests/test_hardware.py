@@ -260,3 +260,18 @@ def test_reference_fabric_is_named_for_what_it_is():
     assert isinstance(pod, hardware.ReferenceFabric)
     assert hardware.Fabric is hardware.ReferenceFabric   # the former name, for topology's docs
     assert pod.nodes_per_group * pod.n_groups == 128   # 4 SUs of 32 DGX B200
+
+
+def test_memory_is_the_measured_total_where_a_source_gives_it():
+    # nvidia-smi's totals in MiB (H100: NVIDIA/nccl#1264; A100 80GB and H200: Modal's NVML table).
+    for name, mib, marketed_gb in (("H100", 81559, 80), ("A100", 81920, 80), ("H200", 143771, 141)):
+        spec = hardware.gpu(name)
+        assert spec.memory_bytes == mib * 2**20
+        assert spec.marketed_memory_bytes == marketed_gb * 1e9
+        assert "nvidia-smi" in spec.source and f"{mib:,} MiB" in spec.source
+    assert hardware.gpu("H100").memory_bytes / 2**30 == pytest.approx(79.65, abs=0.01)
+    # Without a measured total the marketed figure stays, and the source says so.
+    for spec in hardware.GPUS.values():
+        assert spec.memory_bytes >= spec.marketed_memory_bytes
+        if spec.memory_bytes == spec.marketed_memory_bytes:
+            assert "no nvidia-smi total" in spec.source, spec.name

@@ -1,6 +1,9 @@
 """A catalog of GPUs and links, every number with its source.
 
-Units are SI and stated in every field name: 1 GB = 1e9 bytes, 1 TB/s = 1e12 bytes/s.
+Units are SI and stated in every field name: 1 GB = 1e9 bytes, 1 TB/s = 1e12 bytes/s. Memory is
+the exception that proves the rule: HBM comes in powers of two, so an H100's "80 GB" is 80 GiB
+less what the driver reserves (nvidia-smi: 81,559 MiB); ``GPU.memory_bytes`` holds that measured
+total where a source gives it, ``GPU.marketed_memory_bytes`` the datasheet's figure.
 Link bandwidths are *per direction* (unidirectional), per GPU or per port; vendors often quote
 the bidirectional sum (NVIDIA's "900 GB/s" for H100 NVLink is 450 GB/s each way), and the
 ``quoted`` field keeps the vendor's figure so the two can be compared. Network rates are quoted in
@@ -25,7 +28,8 @@ class GPU:
     """One accelerator, as its datasheet states it (SXM form factor, dense math)."""
 
     name: str
-    memory_bytes: float            # HBM capacity as marketed (GB = 1e9 bytes)
+    memory_bytes: float            # HBM capacity: what nvidia-smi reports (MiB = 2**20 bytes)
+    #                                where a source gives it, else as marketed (the source says)
     hbm_bytes_per_s: float         # peak HBM bandwidth
     bf16_flops: float              # dense BF16/FP16 tensor-core FLOP/s, no sparsity
     nvlink_bytes_per_s: float      # NVLink per GPU, per direction
@@ -35,6 +39,12 @@ class GPU:
     fp8_flops: float | None = None  # dense FP8 tensor-core FLOP/s, no sparsity; None: no FP8 units
     tdp_w: float | None = None     # maximum board power (TDP/TGP) in W; None: the source gives
     #                                only the power of the whole system (GB200/GB300 racks)
+    marketed_memory_bytes: float | None = None  # the datasheet's "80 GB" (GB = 1e9 bytes);
+    #                                None: the same as memory_bytes (no measured total known)
+
+    def __post_init__(self) -> None:
+        if self.marketed_memory_bytes is None:
+            object.__setattr__(self, "marketed_memory_bytes", self.memory_bytes)
 
 
 @dataclass(frozen=True)
@@ -52,36 +62,50 @@ GPUS: dict[str, GPU] = {
         GPU("V100", memory_bytes=32e9, hbm_bytes_per_s=900e9, bf16_flops=125e12,
             nvlink_bytes_per_s=150e9, nvlink_generation=2,
             source="NVIDIA Tesla V100 datasheet (SXM2; FP16 tensor, V100 has no BF16 and no FP8; "
-                   "PCIe Gen3; max power 300 W) [nvidia_v100_datasheet]", pcie="PCIe3x16",
+                   "PCIe Gen3; max power 300 W) [nvidia_v100_datasheet]; memory: the marketed "
+                   "32 GB, no nvidia-smi total of the SXM2 32 GB part found to cite",
+            pcie="PCIe3x16",
             tdp_w=300.0),
-        GPU("A100", memory_bytes=80e9, hbm_bytes_per_s=2.039e12, bf16_flops=312e12,
+        GPU("A100", memory_bytes=81920 * 2**20, marketed_memory_bytes=80e9,
+            hbm_bytes_per_s=2.039e12, bf16_flops=312e12,
             nvlink_bytes_per_s=300e9, nvlink_generation=3,
             source="NVIDIA A100 datasheet (80GB SXM; PCIe Gen4; no FP8; max TDP 400 W) "
-                   "[nvidia_a100_datasheet]",
+                   "[nvidia_a100_datasheet]; memory: 80 GB as marketed, 81,920 MiB (80 GiB) as "
+                   "nvidia-smi reports it (Modal's table of NVML totals, "
+                   "https://thundergolfer.com/blog/nvidia-gpu-memory-capacity; "
+                   "modal-labs/modal-client PR 2797)",
             pcie="PCIe4x16", tdp_w=400.0),
-        GPU("H100", memory_bytes=80e9, hbm_bytes_per_s=3.35e12, bf16_flops=989e12,
+        GPU("H100", memory_bytes=81559 * 2**20, marketed_memory_bytes=80e9,
+            hbm_bytes_per_s=3.35e12, bf16_flops=989e12,
             nvlink_bytes_per_s=450e9, nvlink_generation=4,
             source="NVIDIA H100 datasheet (SXM5; 1,979 TFLOPS BF16 and 3,958 TFLOPS FP8 are with "
-                   "sparsity, half of each dense; max TDP up to 700 W) [nvidia_h100_datasheet]",
+                   "sparsity, half of each dense; max TDP up to 700 W) [nvidia_h100_datasheet]; "
+                   "memory: 80 GB as marketed, 81,559 MiB as nvidia-smi reports each 'H100 80GB "
+                   "HBM3' [nccl_issue1264]",
             fp8_flops=1979e12, tdp_w=700.0),
-        GPU("H200", memory_bytes=141e9, hbm_bytes_per_s=4.8e12, bf16_flops=989e12,
+        GPU("H200", memory_bytes=143771 * 2**20, marketed_memory_bytes=141e9,
+            hbm_bytes_per_s=4.8e12, bf16_flops=989e12,
             nvlink_bytes_per_s=450e9, nvlink_generation=4,
             source="NVIDIA H200 datasheet (SXM; 3,958 TFLOPS FP8 with sparsity, half dense; max "
-                   "TDP up to 700 W) [nvidia_h200_datasheet]",
+                   "TDP up to 700 W) [nvidia_h200_datasheet]; memory: 141 GB as marketed, "
+                   "143,771 MiB as nvidia-smi reports it (Modal's table of NVML totals, "
+                   "https://thundergolfer.com/blog/nvidia-gpu-memory-capacity)",
             fp8_flops=1979e12, tdp_w=700.0),
         GPU("B200", memory_bytes=180e9, hbm_bytes_per_s=8e12, bf16_flops=2.25e15,
             nvlink_bytes_per_s=900e9, nvlink_generation=5,
             source="NVIDIA DGX B200 datasheet: 1,440 GB, 64 TB/s HBM3e and 72 PFLOPS FP8 "
                    "(sparse) for 8 GPUs, so 180 GB, 8 TB/s, 4.5 PFLOPS dense FP8 and 2.25 PFLOPS "
                    "dense BF16 each [nvidia_dgx_b200_datasheet]; TGP 1,000 W as NVIDIA's "
-                   "partners declare it in MLPerf system descriptions [mlperf_inference_b200]",
+                   "partners declare it in MLPerf system descriptions [mlperf_inference_b200]; "
+                   "memory: the marketed 180 GB, no nvidia-smi total found to cite",
             fp8_flops=4.5e15, tdp_w=1000.0),
         GPU("GB200", memory_bytes=13.4e12 / 72, hbm_bytes_per_s=576e12 / 72,
             bf16_flops=360e15 / 72 / 2, nvlink_bytes_per_s=900e9, nvlink_generation=5,
             source="NVIDIA GB200 NVL72 datasheet, divided over its 72 Blackwell GPUs: up to "
                    "13.4 TB HBM3e at 576 TB/s, 720 PFLOPS FP8 and 360 PFLOPS BF16 with sparsity "
                    "(half dense), NVLink 130 TB/s [nvidia_gb200_nvl72_datasheet]; NICs on PCIe "
-                   "Gen5 (ConnectX-7) [nvidia_dgx_gb200_user_guide]",
+                   "Gen5 (ConnectX-7) [nvidia_dgx_gb200_user_guide]; memory: the marketed "
+                   "share, no nvidia-smi total found to cite",
             fp8_flops=720e15 / 72 / 2),
         GPU("GB300", memory_bytes=288e9, hbm_bytes_per_s=576e12 / 72,
             bf16_flops=360e15 / 72 / 2, nvlink_bytes_per_s=900e9, nvlink_generation=5,
@@ -89,7 +113,8 @@ GPUS: dict[str, GPU] = {
                    "576 TB/s HBM3e, 720 PFLOPS FP8 and 360 PFLOPS BF16 with sparsity (half "
                    "dense), NVLink 130 TB/s, one ConnectX-8 800 Gb/s SuperNIC per GPU "
                    "[nvidia_gb300_nvl72_datasheet]; 288 GB HBM3e and PCIe Gen6 per GPU "
-                   "[nvidia_blackwell_ultra_blog]",
+                   "[nvidia_blackwell_ultra_blog]; memory: the marketed 288 GB, no nvidia-smi "
+                   "total found to cite",
             pcie="PCIe6x16", fp8_flops=720e15 / 72 / 2),
     )
 }
