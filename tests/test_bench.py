@@ -7,7 +7,7 @@ import time
 import jax.numpy as jnp
 import pytest
 
-from clusterlab import bench, collectives, costmodel
+from clusterlab import bench, collectives, costmodel, tables
 from conftest import sub_mesh
 
 # --- Timing statistics ------------------------------------------------------------------------
@@ -123,35 +123,10 @@ def test_memcpy_bandwidth_rejects_non_positive_sizes(nbytes):
 
 # --- sizes ----------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("text, expected", [
-    ("4K", 4 * 1024), ("4k", 4 * 1024), ("4KB", 4 * 1024), ("4KiB", 4 * 1024),
-    (" 4 KiB ", 4 * 1024), ("64M", 64 * 1024**2), ("1G", 1024**3), ("2T", 2 * 1024**4),
-    ("1.5K", 1536), ("123", 123), ("8B", 8), (4096, 4096),
-])
-def test_parse_size(text, expected):
-    assert bench.parse_size(text) == expected
-
-
-@pytest.mark.parametrize("text", ["4Q", "", "K", "-4K", "4KK", "abc", "1e3", "4 M B"])
-def test_parse_size_rejects_what_is_not_a_size(text):
-    with pytest.raises(ValueError, match=r"Cannot read .* as a size in bytes; write a number "
-                                         r"with an optional K, M, G or T"):
-        bench.parse_size(text)
-
-
-@pytest.mark.parametrize("text", ["0", "0K", "0.5", "1.3", "1.0001K"])
-def test_parse_size_rejects_zero_and_fractions_of_a_byte(text):
-    with pytest.raises(ValueError, match=r"A size must be a positive whole number of bytes"):
-        bench.parse_size(text)
-
-
-@pytest.mark.parametrize("nbytes, text", [
-    (0, "0 B"), (100, "100 B"), (1023, "1023 B"), (1024, "1 KiB"), (1536, "1.5 KiB"),
-    (4096, "4 KiB"), (2**20, "1 MiB"), (64 * 2**20, "64 MiB"), (3 * 2**30, "3 GiB"),
-    (2**40, "1024 GiB"),
-])
-def test_format_bytes(nbytes, text):
-    assert bench.format_bytes(nbytes) == text
+def test_sizes_as_text_are_tables_and_re_exported_here():
+    # Labs call bench.parse_size and bench.format_bytes; tests/test_tables.py tests them.
+    assert bench.parse_size is tables.parse_size
+    assert bench.format_bytes is tables.format_bytes
 
 
 @pytest.mark.parametrize("args, expected", [

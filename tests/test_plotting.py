@@ -3,6 +3,9 @@ bar heights equal to the memory model."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import matplotlib
 
 matplotlib.use("Agg")
@@ -13,7 +16,16 @@ import pytest  # noqa: E402
 from matplotlib.patches import Rectangle  # noqa: E402
 
 from clusterlab import memory, plotting  # noqa: E402
-from clusterlab.parallel import pipeline  # noqa: E402
+from clusterlab.schedule import BACKWARD, FORWARD, IDLE, make_schedule  # noqa: E402
+
+
+def test_plotting_and_check_import_without_jax():
+    # Chapters that plot (and check their numbers) must not pull JAX in: a fresh interpreter.
+    code = ("import sys, clusterlab.plotting, clusterlab.check, clusterlab.tables; "
+            "print('jax' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout
+    assert out.strip() == "False"
 
 
 @pytest.fixture(autouse=True)
@@ -29,10 +41,10 @@ def _boxes(ax, gid):
 @pytest.mark.parametrize("name, stages, microbatches, virtual_stages", [
     ("gpipe", 4, 8, 1), ("1f1b", 3, 5, 1), ("interleaved", 4, 8, 2), ("interleaved", 2, 4, 3)])
 def test_pipeline_timeline_draws_every_slot(name, stages, microbatches, virtual_stages):
-    schedule = pipeline.make_schedule(stages, microbatches, name, virtual_stages=virtual_stages)
+    schedule = make_schedule(stages, microbatches, name, virtual_stages=virtual_stages)
     ax = plotting.pipeline_timeline(schedule)
-    for gid, kind in [("forward", pipeline.FORWARD), ("backward", pipeline.BACKWARD),
-                      ("idle", pipeline.IDLE)]:
+    for gid, kind in [("forward", FORWARD), ("backward", BACKWARD),
+                      ("idle", IDLE)]:
         boxes = _boxes(ax, gid)
         assert len(boxes) == np.sum(schedule.kind == kind)
         # each box sits at its slot (1/v of a pass wide) on its stage's row
@@ -46,7 +58,7 @@ def test_pipeline_timeline_draws_every_slot(name, stages, microbatches, virtual_
         colour = plt.get_cmap("tab10")(int(schedule.microbatch[t, s]) % 10)
         assert box.get_facecolor()[:3] == pytest.approx(colour[:3])
     labels = sorted(text.get_text() for text in ax.texts)
-    work = schedule.kind != pipeline.IDLE
+    work = schedule.kind != IDLE
     expected = [f"{i}.{c}" if virtual_stages > 1 else f"{i}"
                 for i, c in zip(schedule.microbatch[work], schedule.chunk[work])]
     if virtual_stages > plotting.MAX_LABELLED_VIRTUAL_STAGES:
@@ -56,8 +68,8 @@ def test_pipeline_timeline_draws_every_slot(name, stages, microbatches, virtual_
 
 
 def test_pipeline_timelines_share_the_longest_time():
-    schedules = [pipeline.make_schedule(4, 8, "gpipe"),
-                 pipeline.make_schedule(4, 8, "interleaved", virtual_stages=2)]
+    schedules = [make_schedule(4, 8, "gpipe"),
+                 make_schedule(4, 8, "interleaved", virtual_stages=2)]
     fig = plotting.pipeline_timelines(schedules)
     assert [ax.get_xlim() for ax in fig.axes[:2]] == [(0, 22), (0, 22)]  # GPipe: 2(m+p-1)
     with pytest.raises(ValueError, match="at least one schedule"):

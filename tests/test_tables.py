@@ -1,8 +1,10 @@
-"""clusterlab.tables: Markdown tables that print as tables in the HTML book and the PDF."""
+"""clusterlab.tables: Markdown tables that print as tables in the HTML book and the PDF, and
+byte counts written and read as text."""
 
 import pytest
 from IPython.display import Markdown
 
+from clusterlab import tables
 from clusterlab.tables import markdown_table
 
 
@@ -33,3 +35,36 @@ def test_markdown_table_default_alignment_and_line_breaks():
 def test_markdown_table_rejects_bad_shapes(header, rows, align, match):
     with pytest.raises(ValueError, match=match):
         markdown_table(header, rows, align=align)
+
+
+# --- sizes ----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("text, expected", [
+    ("4K", 4 * 1024), ("4k", 4 * 1024), ("4KB", 4 * 1024), ("4KiB", 4 * 1024),
+    (" 4 KiB ", 4 * 1024), ("64M", 64 * 1024**2), ("1G", 1024**3), ("2T", 2 * 1024**4),
+    ("1.5K", 1536), ("123", 123), ("8B", 8), (4096, 4096),
+])
+def test_parse_size(text, expected):
+    assert tables.parse_size(text) == expected
+
+
+@pytest.mark.parametrize("text", ["4Q", "", "K", "-4K", "4KK", "abc", "1e3", "4 M B"])
+def test_parse_size_rejects_what_is_not_a_size(text):
+    with pytest.raises(ValueError, match=r"Cannot read .* as a size in bytes; write a number "
+                                         r"with an optional K, M, G or T"):
+        tables.parse_size(text)
+
+
+@pytest.mark.parametrize("text", ["0", "0K", "0.5", "1.3", "1.0001K"])
+def test_parse_size_rejects_zero_and_fractions_of_a_byte(text):
+    with pytest.raises(ValueError, match=r"A size must be a positive whole number of bytes"):
+        tables.parse_size(text)
+
+
+@pytest.mark.parametrize("nbytes, text", [
+    (0, "0 B"), (100, "100 B"), (1023, "1023 B"), (1024, "1 KiB"), (1536, "1.5 KiB"),
+    (4096, "4 KiB"), (2**20, "1 MiB"), (64 * 2**20, "64 MiB"), (3 * 2**30, "3 GiB"),
+    (2**40, "1024 GiB"),
+])
+def test_format_bytes(nbytes, text):
+    assert tables.format_bytes(nbytes) == text

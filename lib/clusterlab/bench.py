@@ -8,7 +8,6 @@ ceiling (:func:`memcpy_bandwidth`) measured in the same run.
 
 from __future__ import annotations
 
-import re
 import time
 import warnings
 from dataclasses import dataclass
@@ -27,6 +26,8 @@ with warnings.catch_warnings():
     from tqdm.auto import tqdm
 
 from clusterlab import collectives, costmodel
+# Sizes as text are pure formatting (tables, with no JAX); bench's names since the first labs.
+from clusterlab.tables import format_bytes, parse_size  # noqa: F401
 
 
 @dataclass(frozen=True)
@@ -132,34 +133,6 @@ def memcpy_bandwidth(nbytes: int = 64 * 2**20, *, repeats: int = 10) -> Timing:
     source = np.ones(nbytes, dtype=np.uint8)
     target = np.empty_like(source)
     return time_fn(np.copyto, target, source, warmup=2, repeats=repeats)
-
-
-_SIZE_PATTERN = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(i?B?)?\s*$", re.IGNORECASE)
-_UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
-
-
-def parse_size(text: str) -> int:
-    """Parse a byte count as nccl-tests does: ``4K`` is 4096 bytes, ``64M`` is 64 MiB.
-
-    Raises:
-        ValueError: for anything that is not a positive number with an optional K/M/G/T.
-    """
-    match = _SIZE_PATTERN.match(str(text))
-    if not match:
-        raise ValueError(f"Cannot read {text!r} as a size in bytes; write a number with an "
-                         "optional K, M, G or T (powers of 1024), e.g. 4K or 64M.")
-    value = float(match.group(1)) * _UNITS[match.group(2).upper()]
-    if value < 1 or value != int(value):
-        raise ValueError(f"A size must be a positive whole number of bytes, got {text!r}.")
-    return int(value)
-
-
-def format_bytes(nbytes: float) -> str:
-    """``4096`` -> ``'4 KiB'``: binary units, as in nccl-tests' size arguments."""
-    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if nbytes >= scale:
-            return f"{nbytes / scale:g} {unit}"
-    return f"{nbytes:g} B"
 
 
 def message_sizes(smallest: int, largest: int, factor: int = 2) -> list[int]:

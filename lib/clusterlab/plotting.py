@@ -11,8 +11,8 @@ from matplotlib.patches import Patch, Rectangle
 from matplotlib.ticker import FuncFormatter, MaxNLocator
 
 from clusterlab import _checks, memory
-from clusterlab.bench import format_bytes
-from clusterlab.parallel import pipeline
+from clusterlab.schedule import FORWARD, IDLE, Schedule
+from clusterlab.tables import format_bytes
 
 MEASURED_STYLE = {"marker": "o", "linestyle": "-", "linewidth": 1.5, "markersize": 4}
 MODEL_STYLE = {"linestyle": "--", "linewidth": 1.5}
@@ -65,17 +65,17 @@ IDLE_COLOUR = "0.92"
 MAX_LABELLED_VIRTUAL_STAGES = 2
 
 
-def pipeline_timeline(schedule: pipeline.Schedule, ax: Axes | None = None) -> Axes:
+def pipeline_timeline(schedule: Schedule, ax: Axes | None = None) -> Axes:
     """A pipeline schedule as a coloured timeline: one row per stage, one box per piece of work.
 
     Forward passes are solid, backward passes lighter and hatched, in the micro-batch's colour
     and labelled with its number (``3.1``: micro-batch 3, model chunk 1, when interleaved with
-    v = 2; narrower boxes are left unlabelled); idle slots are grey. Time runs in passes of one micro-batch through a whole stage, so an
-    interleaved slot is ``1/v`` wide and schedules compare on one axis. Each box's ``gid`` is
-    ``"forward"``, ``"backward"`` or ``"idle"``.
+    v = 2; narrower boxes are left unlabelled); idle slots are grey. Time runs in passes of one
+    micro-batch through a whole stage, so an interleaved slot is ``1/v`` wide and schedules
+    compare on one axis. Each box's ``gid`` is ``"forward"``, ``"backward"`` or ``"idle"``.
 
     Args:
-        schedule: from :func:`clusterlab.parallel.pipeline.make_schedule` (kind and micro-batch
+        schedule: from :func:`clusterlab.schedule.make_schedule` (kind and micro-batch
             tables i32[T, p]).
         ax: where to draw; a new figure when None.
 
@@ -87,11 +87,11 @@ def pipeline_timeline(schedule: pipeline.Schedule, ax: Axes | None = None) -> Ax
     width = 1 / v
     for t, s in np.ndindex(schedule.kind.shape):
         kind, i = int(schedule.kind[t, s]), int(schedule.microbatch[t, s])
-        if kind == pipeline.IDLE:
+        if kind == IDLE:
             ax.add_patch(Rectangle((t * width, s - 0.4), width, 0.8, facecolor=IDLE_COLOUR,
                                    edgecolor="white", linewidth=0.5, gid="idle"))
             continue
-        forward = kind == pipeline.FORWARD
+        forward = kind == FORWARD
         ax.add_patch(Rectangle((t * width, s - 0.4), width, 0.8, facecolor=_colour(i),
                                alpha=1.0 if forward else 0.45, hatch=None if forward else "///",
                                edgecolor="white", linewidth=0.5,
@@ -116,12 +116,12 @@ def pipeline_timeline(schedule: pipeline.Schedule, ax: Axes | None = None) -> Ax
     return ax
 
 
-def pipeline_timelines(schedules: Sequence[pipeline.Schedule], *,
+def pipeline_timelines(schedules: Sequence[Schedule], *,
                        width_in: float = 9.0) -> plt.Figure:
     """Several schedules' timelines (:func:`pipeline_timeline`) stacked on one time axis.
 
     Args:
-        schedules: from :func:`clusterlab.parallel.pipeline.make_schedule`, at least one.
+        schedules: from :func:`clusterlab.schedule.make_schedule`, at least one.
         width_in: the figure's width in inches.
 
     Returns:
