@@ -14,6 +14,7 @@ from typing import Sequence
 
 import jax
 import numpy as np
+from jax._src import xla_bridge
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
 # Set CLUSTERLAB_PLATFORM=cpu to use simulated devices even where accelerators exist.
@@ -26,7 +27,6 @@ class DeviceSetupError(RuntimeError):
 
 def _backends_initialized() -> bool:
     # JAX has no public query for this; the private one has existed since 0.4 and only reads.
-    from jax._src import xla_bridge
     return xla_bridge.backends_are_initialized()
 
 
