@@ -1,9 +1,9 @@
-"""costmodel.cluster_collective: NCCL 2.30.7's own tuning model (clusterlab._nccl), and its
-validation against published nccl-tests rows (clusterlab.published.nccl_tests), by regime.
+"""costmodel.cluster_collective: NCCL 2.30.7's own tuning model (clusterlab.costmodel._nccl),
+and its validation against published nccl-tests rows (clusterlab.published.nccl_tests), by regime.
 
 The expected values below are worked by hand from the rules of NCCL's src/graph/tuning.cc and
-search.cc (v2.30.7-1) that clusterlab._nccl cites, not copied from the model's output. Each
-"old rules" test pins a claim that NCCL 2.7.5's rules (the course's previous model) got wrong.
+search.cc (v2.30.7-1) that clusterlab.costmodel._nccl cites, not copied from the model's output.
+Each "old rules" test pins a claim that NCCL 2.7.5's rules (the course's previous model) got wrong.
 """
 
 from __future__ import annotations
@@ -279,3 +279,9 @@ def test_planner_uses_cluster_collective():
     seconds = plan.dp_all_reduce_s(14e9, 8, 32, hw)
     assert seconds == pytest.approx(costmodel.cluster_collective(
         "all_reduce", 14e9, gpu="H100", n_nodes=32, nic="IB-NDR", nics_per_node=8).time_s)
+
+
+def test_the_former_module_name_is_the_same_port():
+    # chapter 04 and test_fabric still import clusterlab._nccl: the very module, not a copy.
+    import clusterlab._nccl as former
+    assert former is _nccl and former.NVLINK_BW_PER_LINK[90] == 20.6
