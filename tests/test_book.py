@@ -21,6 +21,17 @@ def _toc_files() -> list[str]:
     return files
 
 
+def test_every_chapter_file_is_in_the_toc_in_reading_order():
+    # _config.yml builds only the toc's files, so a chapter left out of _toc.yml would vanish
+    # from the book without a warning; the numbered chapters (04, 04b, 05, ...) read in the
+    # order their names sort, so a chapter split in two keeps every later chapter's number.
+    on_disk = sorted(f"chapters/{path.stem}" for path in (ROOT / "chapters").glob("*.md"))
+    toc = _toc_files()
+    assert sorted(f for f in toc if f.startswith("chapters/")) == on_disk
+    numbered = [f for f in toc if re.fullmatch(r"chapters/\d\d[a-z]?-.+", f)]
+    assert numbered == sorted(numbered) and len(numbered) >= 11, numbered
+
+
 def test_book_builds_without_warnings(book):
     warnings = [line for line in book.log.splitlines() if re.search(r"WARNING|ERROR", line)]
     assert book.returncode == 0 and not warnings, "\n".join(warnings) or book.log[-3000:]
