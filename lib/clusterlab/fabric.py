@@ -68,7 +68,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Literal, NamedTuple, get_args
 
 import networkx as nx
 import numpy as np
@@ -78,8 +78,11 @@ from tqdm import tqdm
 
 from clusterlab import costmodel, topology
 
-POLICIES = ("ecmp", "dmodk", "spray")
-OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")
+Policy = Literal["ecmp", "dmodk", "spray"]
+Op = Literal["all_reduce", "all_gather", "reduce_scatter", "all_to_all"]
+Algorithm = Literal["ring", "hierarchical", "tree", "pairwise"]
+POLICIES: tuple[Policy, ...] = get_args(Policy)
+OPS: tuple[Op, ...] = get_args(Op)
 ALGORITHMS = {"all_reduce": ("ring", "hierarchical", "tree"), "all_gather": ("ring",),
               "reduce_scatter": ("ring",), "all_to_all": ("pairwise",)}
 #: Default latency of one network link (NIC or switch hop) and of one NVLink hop, seconds.
@@ -296,7 +299,7 @@ class Fabric:
         return self._spray_cache[key]
 
     # ---------------------------------------------------------------------------------------
-    def route(self, src: np.ndarray, dst: np.ndarray, *, policy: str = "ecmp", seed: int = 0,
+    def route(self, src: np.ndarray, dst: np.ndarray, *, policy: Policy = "ecmp", seed: int = 0,
               qps: int = 1, pxn: bool = False, conn: np.ndarray | None = None
               ) -> tuple[sp.csr_matrix, np.ndarray, np.ndarray]:
         """Route flows ``src[i] -> dst[i]`` (endpoint positions) as sub-flows over the links.
@@ -387,7 +390,7 @@ class Fabric:
             entries.add(arcs, np.full(len(arcs), net[k]), weight)
 
     def _hop_by_hop(self, cur: np.ndarray, target: np.ndarray, subs: np.ndarray,
-                    subflows: _SubFlows, entries: _Entries, *, policy: str,
+                    subflows: _SubFlows, entries: _Entries, *, policy: Policy,
                     seed: int) -> None:
         """Leaf to leaf, one next hop per sub-flow and switch: ECMP's hash or D-mod-k's digit."""
         s, d = subflows.src, subflows.dst
@@ -737,8 +740,8 @@ def _ring_step(fabric, groups, channels, aware, chunk_bytes, repeats) -> Step:
     return Step(src, dst, conn, np.full(len(src), chunk_bytes / channels), repeats)
 
 
-def steps(fabric: Fabric, op: str, nbytes: float, ranks: Sequence[int] | None = None, *,
-          groups: Sequence[Sequence[int]] | None = None, algorithm: str | None = None,
+def steps(fabric: Fabric, op: Op, nbytes: float, ranks: Sequence[int] | None = None, *,
+          groups: Sequence[Sequence[int]] | None = None, algorithm: Algorithm | None = None,
           channels: int | None = None, aware: bool = True,
           load: Sequence[float] | None = None) -> list[Step]:
     """The chain of steps of a collective (arguments as in :func:`collective`).
@@ -826,7 +829,7 @@ def _hierarchical_steps(fabric: Fabric, groups: list[np.ndarray], nbytes: float)
     return out
 
 
-def step_time(fabric: Fabric, step: Step, *, policy: str = "ecmp", seed: int = 0,
+def step_time(fabric: Fabric, step: Step, *, policy: Policy = "ecmp", seed: int = 0,
               qps: int = 1, pxn: bool = False,
               capacity_bytes_per_s: np.ndarray | None = None) -> tuple[float, float]:
     """Seconds of one step: ``(transfer_s, latency_s)``, routed as in :meth:`Fabric.route`.
@@ -844,8 +847,8 @@ def step_time(fabric: Fabric, step: Step, *, policy: str = "ecmp", seed: int = 0
 
 
 def contention_factor(fabric: Fabric, nbytes: float, ranks: Sequence[int] | None = None, *,
-                      groups: Sequence[Sequence[int]] | None = None, algorithm: str = "ring",
-                      channels: int | None = None, aware: bool = True, policy: str = "ecmp",
+                      groups: Sequence[Sequence[int]] | None = None, algorithm: Algorithm = "ring",
+                      channels: int | None = None, aware: bool = True, policy: Policy = "ecmp",
                       seed: int = 0, qps: int = 1, pxn: bool = False) -> float:
     """How much the fabric's core slows a data-parallel all-reduce: contended / free time.
 
@@ -881,9 +884,9 @@ def contention_factor(fabric: Fabric, nbytes: float, ranks: Sequence[int] | None
     return total["contended"] / total["free"]
 
 
-def collective(fabric: Fabric, op: str, nbytes: float, ranks: Sequence[int] | None = None, *,
-               groups: Sequence[Sequence[int]] | None = None, algorithm: str | None = None,
-               channels: int | None = None, aware: bool = True, policy: str = "ecmp",
+def collective(fabric: Fabric, op: Op, nbytes: float, ranks: Sequence[int] | None = None, *,
+               groups: Sequence[Sequence[int]] | None = None, algorithm: Algorithm | None = None,
+               channels: int | None = None, aware: bool = True, policy: Policy = "ecmp",
                seed: int = 0, qps: int = 1, pxn: bool = False,
                load: Sequence[float] | None = None) -> FabricTime:
     """Time of one collective on the fabric, with contention, by the flow-level model.
@@ -925,7 +928,7 @@ def collective(fabric: Fabric, op: str, nbytes: float, ranks: Sequence[int] | No
                       nbytes / total * costmodel.busbw_factor(op, n))
 
 
-def sweep(fabric: Fabric, op: str, nbytes: float, *, over: str, values: Sequence,
+def sweep(fabric: Fabric, op: Op, nbytes: float, *, over: str, values: Sequence,
           progress: bool = True, **kwargs) -> list[FabricTime]:
     """:func:`collective` once per value of one of its keyword arguments, with a progress bar.
 
