@@ -3,17 +3,18 @@
 from clusterlab import costmodel, grading, hardware
 
 
-def _all_reduces(ns):
-    # counted in the compiled step of the student cell's 6-block MLP on 2 devices
-    return ns["counted"](ns["six"], ns["x0"], ns["y0"], 2)["all-reduce"].n_ops
+def _all_reduced_bytes(ns):
+    # counted in the compiled step of the student cell's wide 6-block MLP on 4 devices
+    return ns["counted"](ns["six"], ns["x0"], ns["y0"], 4)["all-reduce"].total_bytes
 
 
 _LAYER = costmodel.tensor_parallel_bytes_per_step(2 * 4096, 8192, 2, 8, bytes_per_element=2)
 
 KEY = {
-    "lab04.1": grading.equal(_all_reduces, name="all-reduces",
+    "lab04.1": grading.equal(_all_reduced_bytes, name="bytes all-reduced",
                              hint="Count the forward pass's and the backward pass's all-reduces "
-                                  "separately; the 3-block check above counted both."),
+                                  "separately, then ask which tensor each one carries: does the "
+                                  "hidden width, or the device count, enter its size?"),
     "lab04.2": grading.close(
         _LAYER.sent_bytes_per_device / hardware.link("NVLink4").bytes_per_s,
         name="all-reduce time",

@@ -92,9 +92,9 @@ def test_data_parallel_controls_labs_03_and_08():
     mesh = sub_mesh(8, "data")
 
     def per_device_gradients(**options):
-        dp = data.shard_map_data_parallel(models.mse_loss, optimizer, mesh, axis_name="data",
-                                          **options)
-        return dp.gradients(dp.init(params)[0], *dp.place_batch(*batches[0]))
+        dp = data.make_data_parallel(models.mse_loss, mesh, optimizer, axis_name="data",
+                                     **options)
+        return dp.grads(dp.shard(params), *dp.place_batch(*batches[0]))
 
     with check.fp32_matmuls():
         expected = models.stack_copies(models.reference_gradients(params, *batches[0]), 8)
@@ -111,8 +111,8 @@ def test_tensor_parallel_controls_lab_04():
     mesh = sub_mesh(4, "model")
 
     def grads(**options):
-        grad_fn = tensor.make_grad_fn(params, mesh, "model", **options)
-        return grad_fn(tensor.shard_params(params, mesh, "model"), x, y)[1]
+        strategy = tensor.make_tensor_parallel(params, mesh, axis_name="model", **options)
+        return strategy.grads(strategy.shard(params), x, y)
 
     def left_out(v, axis_name):
         return v
@@ -134,9 +134,9 @@ def test_pipeline_controls_lab_05():
     mesh = sub_mesh(4, "stage")
 
     def grads(schedule):
-        _, stacked = pipeline.make_grad_fn(mesh, "stage", schedule)(
-            pipeline.shard_stages(params, mesh, "stage"), x, y)
-        return pipeline.unstack_stages(jax.device_get(stacked))
+        strategy = pipeline.make_pipeline_parallel(params, mesh, axis_name="stage",
+                                                   schedule=schedule)
+        return strategy.grads(strategy.shard(params), x, y)
 
     good = pipeline.make_schedule(4, 4, "gpipe")
     reordered = good.microbatch.copy()

@@ -18,6 +18,13 @@ from conftest import reference_run, sub_mesh
 
 D, H, BLOCKS, BATCH, STEPS = 16, 32, 2, 32, 4
 AXIS = "data"
+# the three forms side by side: two hand-written, one left to the compiler
+FORMS = {"pmap": {"form": "pmap"}, "shard_map": {}, "jit": {"automatic": True}}
+
+
+def make(form, optimizer, mesh, **options):
+    return data.make_data_parallel(models.mse_loss, mesh, optimizer, axis_name=AXIS,
+                                   **FORMS[form], **options)
 
 
 @pytest.fixture(scope="module")
@@ -33,13 +40,13 @@ def max_relative_diff(trained, reference) -> float:
 
 
 @pytest.mark.parametrize("n", [2, 4, 8])
-@pytest.mark.parametrize("form", data.FORMS)
+@pytest.mark.parametrize("form", FORMS)
 def test_each_form_equals_the_single_device_run(problem, form, n):
     params, batches, optimizer, reference, ref_losses = problem
-    dp = data.make_data_parallel(form, models.mse_loss, optimizer, sub_mesh(n, AXIS),
-                                 axis_name=AXIS)
+    dp = make(form, optimizer, sub_mesh(n, AXIS))
     trained, losses = data.train(dp, params, batches)
-    assert dp.n_devices == n
+    assert dp.n_devices == n and dp.axis_names == (AXIS,) and dp.automatic == (form == "jit")
+    assert all(isinstance(leaf, np.ndarray) for leaf in jax.tree.leaves(trained))  # on the host
     assert max_relative_diff(trained, reference) < 1e-5
     np.testing.assert_allclose(losses, ref_losses, rtol=1e-5)
     # and it did train: the parameters moved far more than the tolerance
@@ -49,16 +56,14 @@ def test_each_form_equals_the_single_device_run(problem, form, n):
 def test_bucketed_all_reduce_equals_the_single_device_run(problem):
     params, batches, optimizer, reference, _ = problem
     for form in ("pmap", "shard_map"):
-        dp = data.make_data_parallel(form, models.mse_loss, optimizer, sub_mesh(4, AXIS),
-                                     axis_name=AXIS, bucket_bytes=1000)
+        dp = make(form, optimizer, sub_mesh(4, AXIS), bucket_bytes=1000)
         trained, _ = data.train(dp, params, batches)
         assert max_relative_diff(trained, reference) < 1e-5
 
 
 def test_without_gradient_sync_the_replicas_drift(problem):
     params, batches, optimizer, reference, _ = problem
-    dp = data.shard_map_data_parallel(models.mse_loss, optimizer, sub_mesh(4, AXIS),
-                                      axis_name=AXIS, sync_gradients=False)
+    dp = make("shard_map", optimizer, sub_mesh(4, AXIS), sync_gradients=False)
     state = dp.init(params)
     x, y = dp.place_batch(*batches[0])
     new_params, _, _ = dp.step(*state, x, y)
@@ -72,13 +77,12 @@ def test_without_gradient_sync_the_replicas_drift(problem):
 
 def compiled_step(form: str, n: int, problem, **options):
     params, batches, optimizer, _, _ = problem
-    dp = data.make_data_parallel(form, models.mse_loss, optimizer, sub_mesh(n, AXIS),
-                                 axis_name=AXIS, **options)
+    dp = make(form, optimizer, sub_mesh(n, AXIS), **options)
     state = dp.init(params)
     return dp, collectives.compiled_collectives(dp.step, *state, *dp.place_batch(*batches[0]))
 
 
-@pytest.mark.parametrize("form", data.FORMS)
+@pytest.mark.parametrize("form", FORMS)
 def test_bytes_all_reduced_per_step_are_the_gradient(problem, form):
     params = problem[0]
     gradient_bytes = data.gradient_bytes(params)
@@ -119,9 +123,8 @@ def test_bucketing_gives_ceil_total_over_bucket_all_reduces(problem, bucket_byte
 def test_batch_must_divide_over_the_devices(problem):
     params, batches, optimizer, _, _ = problem
     x, y = batches[0]
-    for form in data.FORMS:
-        dp = data.make_data_parallel(form, models.mse_loss, optimizer, sub_mesh(8, AXIS),
-                                     axis_name=AXIS)
+    for form in FORMS:
+        dp = make(form, optimizer, sub_mesh(8, AXIS))
         with pytest.raises(ValueError, match=r"30 examples .* 8 data-parallel devices.*"
                                              r"multiple of 8 \(e\.g\. 32\)"):
             dp.place_batch(x[:30], y[:30])
@@ -132,13 +135,18 @@ def test_batch_must_divide_over_the_devices(problem):
 def test_bad_configurations_are_named():
     opt = models.make_optimizer()
     with pytest.raises(ValueError, match="Unknown data-parallel form 'ddp'"):
-        data.make_data_parallel("ddp", models.mse_loss, opt, sub_mesh(2, AXIS), axis_name=AXIS)
+        data.make_data_parallel(models.mse_loss, sub_mesh(2, AXIS), opt, axis_name=AXIS,
+                                form="ddp")
     with pytest.raises(ValueError, match="'batch' is not in the mesh"):
-        data.make_data_parallel("jit", models.mse_loss, opt, sub_mesh(2, AXIS),
-                                axis_name="batch")
+        data.make_data_parallel(models.mse_loss, sub_mesh(2, AXIS), opt, axis_name="batch",
+                                automatic=True)
     mesh_2d = devices.mesh((2, 2), (AXIS, "model"), jax.devices()[:4])
     with pytest.raises(ValueError, match="pmap form runs over one axis"):
-        data.pmap_data_parallel(models.mse_loss, opt, mesh_2d, axis_name=AXIS)
+        data.make_data_parallel(models.mse_loss, mesh_2d, opt, axis_name=AXIS, form="pmap")
+    with pytest.raises(ValueError, match="automatic=True leaves the all-reduce"):
+        make("jit", opt, sub_mesh(2, AXIS), reduce="sum")
+    with pytest.raises(ValueError, match="pmap form takes no"):
+        make("pmap", opt, sub_mesh(2, AXIS), sync_gradients=False)
 
 
 def test_all_reduce_gradients_mean_and_buckets():
@@ -295,15 +303,14 @@ def test_gradient_all_reduce_alone(problem):
 def _gradients(dp, problem):
     params, batches = problem[0], problem[1]
     state = dp.init(params)
-    return dp.gradients(state[0], *dp.place_batch(*batches[0]))
+    return dp.grads(state[0], *dp.place_batch(*batches[0]))
 
 
 @pytest.mark.parametrize("n", [2, 8])
-@pytest.mark.parametrize("form", data.FORMS)
+@pytest.mark.parametrize("form", FORMS)
 def test_each_devices_gradient_equals_the_single_device_gradient(problem, form, n):
     params, batches = problem[0], problem[1]
-    dp = data.make_data_parallel(form, models.mse_loss, problem[2], sub_mesh(n, AXIS),
-                                 axis_name=AXIS)
+    dp = make(form, problem[2], sub_mesh(n, AXIS))
     reference = models.reference_gradients(params, *batches[0])
     per_device = _gradients(dp, problem)
     assert jax.tree.leaves(per_device)[0].shape[0] == n  # one row per device
@@ -315,8 +322,7 @@ def test_each_devices_gradient_equals_the_single_device_gradient(problem, form, 
 def test_summed_gradients_are_caught_p_times_too_large(problem, form):
     params, batches = problem[0], problem[1]
     n = 4
-    dp = data.make_data_parallel(form, models.mse_loss, problem[2], sub_mesh(n, AXIS),
-                                 axis_name=AXIS, reduce="sum")
+    dp = make(form, problem[2], sub_mesh(n, AXIS), reduce="sum")
     reference = models.reference_gradients(params, *batches[0])
     per_device = _gradients(dp, problem)
     caught = check.verify_catches("sum for mean", lambda: check.verify_close(
@@ -329,8 +335,7 @@ def test_summed_gradients_are_caught_p_times_too_large(problem, form):
 
 def test_unsynchronized_gradients_are_caught(problem):
     params, batches = problem[0], problem[1]
-    dp = data.shard_map_data_parallel(models.mse_loss, problem[2], sub_mesh(4, AXIS),
-                                      axis_name=AXIS, sync_gradients=False)
+    dp = make("shard_map", problem[2], sub_mesh(4, AXIS), sync_gradients=False)
     reference = models.reference_gradients(params, *batches[0])
     per_device = _gradients(dp, problem)
     check.verify_catches("no gradient sync", lambda: check.verify_close(
@@ -346,9 +351,8 @@ def test_sgd_training_equals_one_device_and_sees_a_sum():
     sgd = optax.sgd(0.5)
     reference, _ = models.reference_train(params, batches, optimizer=sgd)
     mesh = sub_mesh(4, AXIS)
-    for reduce in data.REDUCTIONS:
-        dp = data.shard_map_data_parallel(models.mse_loss, sgd, mesh, axis_name=AXIS,
-                                          reduce=reduce)
+    for reduce in ("mean", "sum"):
+        dp = make("shard_map", sgd, mesh, reduce=reduce)
         trained, _ = data.train(dp, params, batches)
         check_it = lambda: check.verify_close("SGD", trained, reference, rtol=1e-5)  # noqa: E731
         if reduce == "mean":
@@ -359,19 +363,37 @@ def test_sgd_training_equals_one_device_and_sees_a_sum():
 
 def test_reduce_must_be_mean_or_sum():
     with pytest.raises(ValueError, match="reduce must be 'mean'.*got 'avg'"):
-        data.shard_map_data_parallel(models.mse_loss, models.make_optimizer(), sub_mesh(2, AXIS),
-                                     axis_name=AXIS, reduce="avg")
+        make("shard_map", models.make_optimizer(), sub_mesh(2, AXIS), reduce="avg")
 
 
 def test_replication_check_rejects_a_step_without_the_all_reduce(problem):
     """check_vma=True is what lets the synced step claim replicated parameters (out_specs P())."""
     params, batches, optimizer = problem[0], problem[1], problem[2]
     mesh = sub_mesh(4, AXIS)
+    gradients = data._local_gradients(models.mse_loss, (AXIS,), bucket_bytes=None,
+                                      sync_gradients=False, reduce="mean")
     unsynced = jax.shard_map(
-        data._local_step(models.mse_loss, optimizer, AXIS, sync_gradients=False), mesh=mesh,
+        data._local_step(optimizer, gradients), mesh=mesh,
         in_specs=(P(), P(), P(AXIS), P(AXIS)), out_specs=(P(), P(), P()))
-    dp = data.shard_map_data_parallel(models.mse_loss, optimizer, mesh, axis_name=AXIS)
+    dp = make("shard_map", optimizer, mesh)
     state, batch = dp.init(params), dp.place_batch(*batches[0])
     with pytest.raises(ValueError, match="out_specs"):
         jax.jit(unsynced)(*state, *batch)
     dp.step(*state, *batch)  # the synced step passes the same check
+
+
+def test_a_tuple_of_axes_reduces_over_both_as_one_data_axis(problem):
+    """Data parallelism over ("hosts", "devices"): what the multi-host example runs."""
+    params, batches, optimizer, reference, ref_losses = problem
+    mesh = devices.mesh((2, 4), ("hosts", "devices"), jax.devices()[:8])
+    dp = data.make_data_parallel(models.mse_loss, mesh, optimizer, axis_name=("hosts", "devices"))
+    assert dp.n_devices == 8 and dp.axis_names == ("hosts", "devices")
+    trained, losses = data.train(dp, params, batches)
+    assert max_relative_diff(trained, reference) < 1e-5
+    np.testing.assert_allclose(losses, ref_losses, rtol=1e-5)
+    summed = data.make_data_parallel(models.mse_loss, mesh, optimizer,
+                                     axis_name=("hosts", "devices"), reduce="sum")
+    rows = jax.tree.leaves(_gradients(summed, problem))[0]
+    want = jax.tree.leaves(models.reference_gradients(params, *batches[0]))[0]
+    assert rows.shape[0] == 8
+    np.testing.assert_allclose(rows, 8 * np.broadcast_to(want, rows.shape), rtol=1e-4, atol=1e-6)

@@ -40,22 +40,22 @@ def case():
     (2, 4, "gpipe"), (4, 4, "1f1b"), (8, 2, "gpipe"), (2, 1, "1f1b")])
 def test_pipeline_equals_single_device(case, stages, microbatches, schedule):
     params, batches, reference, losses = case
-    trained, pp_losses = pipeline.train(params, batches, sub_mesh(stages, AXIS), AXIS,
-                                        microbatches=microbatches, schedule=schedule)
+    strategy = pipeline.make_pipeline_parallel(params, sub_mesh(stages, AXIS), axis_name=AXIS,
+                                               schedule=schedule, microbatches=microbatches)
+    assert strategy.name == f"pipeline/{schedule}"
+    trained, pp_losses = pipeline.train(strategy, params, batches)
     assert models.max_abs_diff(trained, reference) < 1e-6
     np.testing.assert_allclose(pp_losses, losses, rtol=1e-5, atol=1e-6)
 
 
 def _pipeline_grads(params, x, y, schedule):
-    mesh = sub_mesh(schedule.stages, AXIS)
-    grad_fn = pipeline.make_grad_fn(mesh, AXIS, schedule)
-    loss, stacked = grad_fn(pipeline.shard_stages(params, mesh, AXIS), x, y)
-    return float(loss), pipeline.unstack_stages(jax.device_get(stacked))
+    strategy = pipeline.make_pipeline_parallel(params, sub_mesh(schedule.stages, AXIS),
+                                               axis_name=AXIS, schedule=schedule)
+    return strategy.grads(strategy.shard(params), *strategy.place_batch(x, y))
 
 
 def _reference_grads(params, x, y):
-    loss, grads = jax.value_and_grad(models.mse_loss)(params, x, y)
-    return float(loss), jax.device_get(grads)
+    return jax.device_get(jax.grad(models.mse_loss)(params, x, y))
 
 
 @pytest.mark.parametrize("stages, microbatches, schedule", [
@@ -63,11 +63,8 @@ def _reference_grads(params, x, y):
 def test_gradients_equal_single_device(case, stages, microbatches, schedule):
     params, batches = case[:2]
     x, y = batches[0]
-    loss, grads = _pipeline_grads(params, x, y,
-                                  pipeline.make_schedule(stages, microbatches, schedule))
-    reference_loss, reference = _reference_grads(params, x, y)
-    check.verify_close("gradients", grads, reference, rtol=1e-5)
-    check.verify_close("loss", loss, reference_loss, rtol=1e-5)
+    grads = _pipeline_grads(params, x, y, pipeline.make_schedule(stages, microbatches, schedule))
+    check.verify_close("gradients", grads, _reference_grads(params, x, y), rtol=1e-5)
 
 
 def _reversed_backwards(schedule, stage):
@@ -96,15 +93,19 @@ def test_gradient_check_catches_a_broken_schedule(case, bug, schedule):
               else _dropped_forward(good, 0, 1))
     assert not np.array_equal(broken.kind, good.kind) or not np.array_equal(
         broken.microbatch, good.microbatch)
-    _, reference = _reference_grads(params, x, y)
+    reference = _reference_grads(params, x, y)
     check.verify_catches(bug, lambda: check.verify_close(
-        "gradients", _pipeline_grads(params, x, y, broken)[1], reference, rtol=1e-5))
+        "gradients", _pipeline_grads(params, x, y, broken), reference, rtol=1e-5))
 
 
 def test_automatic_sharding_equals_single_device(case):
     params, batches, reference, losses = case
-    trained, auto_losses = pipeline.train(params, batches, sub_mesh(4, AXIS), AXIS,
-                                          microbatches=1, automatic=True)
+    strategy = pipeline.make_pipeline_parallel(params, sub_mesh(4, AXIS), axis_name=AXIS,
+                                               automatic=True)
+    trained, auto_losses = pipeline.train(strategy, params, batches)
+    x, y = batches[0]
+    check.verify_close("gradients", strategy.grads(strategy.shard(params), x, y),
+                       _reference_grads(params, x, y), rtol=1e-5)
     assert models.max_abs_diff(trained, reference) < 1e-6
     np.testing.assert_allclose(auto_losses, losses, rtol=1e-5, atol=1e-6)
 
@@ -162,12 +163,10 @@ def test_ppermutes_counted_from_compiled_program(case):
     x, y = batches[0]
     stages, m = 4, 4
     schedule = pipeline.make_schedule(stages, m, "1f1b")
-    mesh = sub_mesh(stages, AXIS)
-    optimizer = models.make_optimizer()
-    step = pipeline.make_train_step(mesh, AXIS, schedule, optimizer=optimizer)
-    stacked = pipeline.shard_stages(params, mesh, AXIS)
-    ops = collectives.executed_collectives(step, stacked,
-                                           pipeline.init_opt_state(optimizer, stacked), x, y)
+    strategy = pipeline.make_pipeline_parallel(params, sub_mesh(stages, AXIS), axis_name=AXIS,
+                                               schedule=schedule)
+    ops = collectives.executed_collectives(strategy.step, *strategy.init(params),
+                                           *strategy.place_batch(x, y))
     permutes = [op for op in ops if op.kind == "collective-permute"]
     # one forward and one backward ppermute of a micro-batch f32[B/m, D] per slot, and one f32[1]
     # that brings the loss from the last stage to where the step returns it
@@ -179,19 +178,31 @@ def test_ppermutes_counted_from_compiled_program(case):
 def test_layers_must_divide(case):
     params, batches = case[:2]
     with pytest.raises(ValueError, match="n_blocks = 8 does not divide by 3 stages"):
-        pipeline.train(params, batches, sub_mesh(3, AXIS), AXIS, microbatches=2)
+        pipeline.make_pipeline_parallel(params, sub_mesh(3, AXIS), axis_name=AXIS,
+                                        microbatches=2)
 
 
 def test_batch_must_divide(case):
     params, batches = case[:2]
     with pytest.raises(ValueError, match="16 examples does not split into 3 equal"):
-        pipeline.train(params, batches, sub_mesh(2, AXIS), AXIS, microbatches=3)
+        pipeline.train(pipeline.make_pipeline_parallel(params, sub_mesh(2, AXIS),
+                                                       axis_name=AXIS, microbatches=3),
+                       params, batches)
 
 
-def test_mesh_must_match_schedule():
+def test_mesh_must_match_schedule(case):
+    params = case[0]
     with pytest.raises(ValueError, match="4 stages but mesh axis"):
-        pipeline.make_train_step(sub_mesh(2, AXIS), AXIS, pipeline.make_schedule(4, 2),
-                                 optimizer=models.make_optimizer())
+        pipeline.make_pipeline_parallel(params, sub_mesh(2, AXIS), axis_name=AXIS,
+                                        schedule=pipeline.make_schedule(4, 2))
+    with pytest.raises(ValueError, match="needs microbatches"):
+        pipeline.make_pipeline_parallel(params, sub_mesh(2, AXIS), axis_name=AXIS)
+    with pytest.raises(ValueError, match="contradicts the schedule's 2"):
+        pipeline.make_pipeline_parallel(params, sub_mesh(2, AXIS), axis_name=AXIS,
+                                        schedule=pipeline.make_schedule(2, 2), microbatches=4)
+    with pytest.raises(ValueError, match="automatic=True runs no schedule"):
+        pipeline.make_pipeline_parallel(params, sub_mesh(2, AXIS), axis_name=AXIS,
+                                        automatic=True, microbatches=2)
 
 
 def test_lockstep_time():
@@ -251,7 +262,7 @@ def test_interleaved_lockstep_time_in_passes():
     assert table.lockstep_time_s(1.0, 1.0) == pytest.approx(2 * (2 * 8 + 3) / 2)
 
 
-def test_interleaved_errors_name_the_fix():
+def test_interleaved_errors_name_the_fix(case):
     with pytest.raises(ValueError, match="m = 6 is not a multiple of 4. Use m = 8"):
         pipeline.make_schedule(4, 6, "interleaved", virtual_stages=2)
     with pytest.raises(ValueError, match="m = 6 is not a multiple of 4"):
@@ -264,6 +275,7 @@ def test_interleaved_errors_name_the_fix():
         costmodel.pipeline_activation_microbatches(4, 8, "interleaved")
     interleaved = pipeline.make_schedule(2, 2, "interleaved", virtual_stages=2)
     with pytest.raises(ValueError, match="one model chunk per device"):
-        pipeline.make_grad_fn(sub_mesh(2, AXIS), AXIS, interleaved)
+        pipeline.make_pipeline_parallel(case[0], sub_mesh(2, AXIS), axis_name=AXIS,
+                                        schedule=interleaved)
     with pytest.raises(ValueError, match="one model chunk per device"):
         interleaved.stash_slots()

@@ -1,4 +1,4 @@
-"""Sharded data parallelism (ZeRO 0-3) and 2-D data x tensor parallelism against one device."""
+"""Sharded data parallelism (ZeRO 0-3) against one device: training, gradients, bytes."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ import optax
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from clusterlab import check, collectives, costmodel, devices, memory, models
+from clusterlab import check, collectives, costmodel, memory, models
 from clusterlab.parallel import sharded
-from conftest import DEVICES, reference_run, sub_mesh
+from conftest import reference_run, sub_mesh
 
 D, H, N_BLOCKS, BATCH, STEPS = 32, 64, 2, 32, 4
 TOL = 2e-6  # fp32, several Adam steps
@@ -28,9 +28,10 @@ def _setup():
 @pytest.mark.parametrize("n", [2, 4, 8])
 def test_zero3_equals_single_device(n):
     params, batches, optimizer, ref, ref_losses = _setup()
-    sdp = sharded.make_sharded_data_parallel(params, sub_mesh(n, "data"), "data", zero_stage=3,
-                                             optimizer=optimizer)
+    sdp = sharded.make_sharded_data_parallel(params, sub_mesh(n, "data"), axis_name="data",
+                                             zero_stage=3, optimizer=optimizer)
     trained, losses = sharded.train(sdp, params, batches)
+    assert sdp.name == "zero3" and sdp.axis_names == ("data",)
     assert models.max_abs_diff(trained, ref) < TOL
     np.testing.assert_allclose(losses, ref_losses, rtol=1e-5, atol=1e-6)
 
@@ -38,7 +39,7 @@ def test_zero3_equals_single_device(n):
 @pytest.mark.parametrize("stage", [0, 1, 2])
 def test_lower_stages_equal_single_device(stage):
     params, batches, optimizer, ref, _ = _setup()
-    sdp = sharded.make_sharded_data_parallel(params, sub_mesh(4, "data"), "data",
+    sdp = sharded.make_sharded_data_parallel(params, sub_mesh(4, "data"), axis_name="data",
                                              zero_stage=stage, optimizer=optimizer)
     trained, _ = sharded.train(sdp, params, batches)
     assert models.max_abs_diff(trained, ref) < TOL
@@ -46,26 +47,16 @@ def test_lower_stages_equal_single_device(stage):
 
 def test_automatic_sharding_equals_single_device():
     params, batches, optimizer, ref, _ = _setup()
-    sdp = sharded.make_sharded_data_parallel(params, sub_mesh(4, "data"), "data", zero_stage=3,
-                                             optimizer=optimizer, automatic=True)
+    sdp = sharded.make_sharded_data_parallel(params, sub_mesh(4, "data"), axis_name="data",
+                                             zero_stage=3, optimizer=optimizer, automatic=True)
     trained, _ = sharded.train(sdp, params, batches)
     assert models.max_abs_diff(trained, ref) < TOL
-
-
-@pytest.mark.parametrize("shape", [(2, 4), (4, 2)])
-def test_2d_equals_single_device(shape):
-    params, batches, optimizer, ref, ref_losses = _setup()
-    mesh = devices.mesh(shape, ("data", "model"), DEVICES)
-    trained, losses = sharded.train_2d(params, batches, mesh, data_axis="data",
-                                       model_axis="model", optimizer=optimizer)
-    assert models.max_abs_diff(trained, ref) < TOL
-    np.testing.assert_allclose(losses, ref_losses, rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("stage,n", [(0, 4), (2, 4), (3, 2), (3, 8)])
 def test_compiled_bytes_equal_formula_and_shard_bytes_equal_memory_model(stage, n):
     params, batches, optimizer, _, _ = _setup()
-    sdp = sharded.make_sharded_data_parallel(params, sub_mesh(n, "data"), "data",
+    sdp = sharded.make_sharded_data_parallel(params, sub_mesh(n, "data"), axis_name="data",
                                              zero_stage=stage, optimizer=optimizer)
     flat, opt_state = sdp.init(params)
     ops = collectives.executed_collectives(sdp.step, flat, opt_state,
@@ -134,15 +125,16 @@ def test_executed_collectives_counts_loop_trips():
 def test_bad_sizes_name_the_constraint():
     params = models.init_mlp(jax.random.key(0), d_model=3, d_hidden=5, n_blocks=1)  # F = 38
     with pytest.raises(ValueError, match="multiple of 4"):
-        sharded.make_sharded_data_parallel(params, sub_mesh(4, "data"), "data")
+        sharded.make_sharded_data_parallel(params, sub_mesh(4, "data"), axis_name="data")
     good, batches, *_ = _setup()
-    sdp = sharded.make_sharded_data_parallel(good, sub_mesh(4, "data"), "data")
+    sdp = sharded.make_sharded_data_parallel(good, sub_mesh(4, "data"), axis_name="data")
     with pytest.raises(ValueError, match="equal shards"):
         sdp.place_batch(batches[0][0][:6], batches[0][1][:6])
     with pytest.raises(ValueError, match="zero_stage"):
-        sharded.make_sharded_data_parallel(good, sub_mesh(4, "data"), "data", zero_stage=5)
+        sharded.make_sharded_data_parallel(good, sub_mesh(4, "data"), axis_name="data",
+                                           zero_stage=5)
     with pytest.raises(ValueError, match="not in the mesh"):
-        sharded.make_sharded_data_parallel(good, sub_mesh(4, "data"), "batch")
+        sharded.make_sharded_data_parallel(good, sub_mesh(4, "data"), axis_name="batch")
 
 
 def test_flatten_roundtrip():
@@ -156,7 +148,7 @@ def test_flatten_roundtrip():
 
 def _stage_gradients(sdp, params, batch):
     flat, _ = sdp.init(params)
-    return sdp.gradients(flat, *sdp.place_batch(*batch))
+    return sdp.grads(flat, *sdp.place_batch(*batch))
 
 
 @pytest.mark.parametrize("stage", [0, 1, 2, 3])
@@ -165,7 +157,7 @@ def test_each_stage_applies_the_single_device_gradient_and_a_sum_is_caught(stage
     reference = models.reference_gradients(params, *batches[0])
     mesh = sub_mesh(4, "data")
     for reduce in ("mean", "sum"):
-        sdp = sharded.make_sharded_data_parallel(params, mesh, "data", zero_stage=stage,
+        sdp = sharded.make_sharded_data_parallel(params, mesh, axis_name="data", zero_stage=stage,
                                                  optimizer=optimizer, reduce=reduce)
         grads = _stage_gradients(sdp, params, batches[0])
         check_it = functools.partial(check.verify_close, f"stage {stage}", grads, reference,
@@ -179,13 +171,13 @@ def test_each_stage_applies_the_single_device_gradient_and_a_sum_is_caught(stage
 
 def test_automatic_gradients_equal_single_device():
     params, batches, optimizer, _, _ = _setup()
-    sdp = sharded.make_sharded_data_parallel(params, sub_mesh(8, "data"), "data", zero_stage=3,
-                                             optimizer=optimizer, automatic=True)
+    sdp = sharded.make_sharded_data_parallel(params, sub_mesh(8, "data"), axis_name="data",
+                                             zero_stage=3, optimizer=optimizer, automatic=True)
     check.verify_close("automatic", _stage_gradients(sdp, params, batches[0]),
                        models.reference_gradients(params, *batches[0]), rtol=1e-5)
     with pytest.raises(ValueError, match="hand-written step"):
-        sharded.make_sharded_data_parallel(params, sub_mesh(8, "data"), "data", automatic=True,
-                                           reduce="sum")
+        sharded.make_sharded_data_parallel(params, sub_mesh(8, "data"), axis_name="data",
+                                           automatic=True, reduce="sum")
 
 
 def test_zero3_sgd_equals_single_device_and_sees_the_missing_division():
@@ -194,7 +186,7 @@ def test_zero3_sgd_equals_single_device_and_sees_the_missing_division():
     sgd = optax.sgd(0.2)
     reference, _ = models.reference_train(params, batches[:3], optimizer=sgd)
     for reduce in ("mean", "sum"):
-        sdp = sharded.make_sharded_data_parallel(params, sub_mesh(4, "data"), "data",
+        sdp = sharded.make_sharded_data_parallel(params, sub_mesh(4, "data"), axis_name="data",
                                                  zero_stage=3, optimizer=sgd, reduce=reduce)
         trained, _ = sharded.train(sdp, params, batches[:3])
         check_it = functools.partial(check.verify_close, "ZeRO-3 SGD", trained, reference,
@@ -203,32 +195,3 @@ def test_zero3_sgd_equals_single_device_and_sees_the_missing_division():
             check_it()
         else:
             check.verify_catches("shard gradient not divided by p, SGD", check_it)
-
-
-@pytest.mark.parametrize("shape", [(2, 4), (4, 2)])
-def test_2d_gradients_equal_single_device_and_a_sum_over_data_is_caught(shape):
-    params, batches, _, _, _ = _setup()
-    mesh = devices.mesh(shape, ("data", "model"), DEVICES)
-    reference = models.reference_gradients(params, *batches[0])
-    placed = sharded.shard_2d(params, mesh, model_axis="model")
-    batch = sharded.place_2d_batch(*batches[0], mesh, data_axis="data")
-    for reduce in ("mean", "sum"):
-        grads = sharded.make_2d_gradients(params, mesh, data_axis="data", model_axis="model",
-                                          reduce=reduce)(placed, *batch)
-        check_it = functools.partial(check.verify_close, f"2-D {shape}", grads, reference,
-                                     rtol=1e-5)
-        if reduce == "mean":
-            check_it()
-        else:
-            caught = check.verify_catches("sum over the data axis", check_it)
-            assert f"relative difference {shape[0] - 1:.1e}" in str(caught)
-
-
-def test_2d_batch_must_split_and_reduce_is_named():
-    params, batches, _, _, _ = _setup()
-    mesh = devices.mesh((2, 4), ("data", "model"), DEVICES)
-    with pytest.raises(ValueError, match="multiple of 2"):
-        sharded.place_2d_batch(batches[0][0][:5], batches[0][1][:5], mesh, data_axis="data")
-    with pytest.raises(ValueError, match="reduce must be"):
-        sharded.make_2d_train_step(params, mesh, data_axis="data", model_axis="model",
-                                   reduce="max")

@@ -40,9 +40,11 @@ def transformer_case():
                          [(1, False), (2, False), (4, False), (8, False), (4, True)])
 def test_mlp_equals_single_device(mlp_case, tp, automatic):
     params, batches, reference, losses = mlp_case
-    trained, tp_losses = tensor.train(params, batches, sub_mesh(tp, AXIS), AXIS,
-                                      automatic=automatic)
-    assert models.max_abs_diff(jax.device_get(trained), reference) < 1e-6
+    strategy = tensor.make_tensor_parallel(params, sub_mesh(tp, AXIS), axis_name=AXIS,
+                                           automatic=automatic)
+    trained, tp_losses = tensor.train(strategy, params, batches)
+    assert all(isinstance(leaf, np.ndarray) for leaf in jax.tree.leaves(trained))  # on the host
+    assert models.max_abs_diff(trained, reference) < 1e-6
     np.testing.assert_allclose(tp_losses, losses, rtol=1e-5, atol=1e-6)
     assert not np.allclose(losses[0], losses[-1])  # training moved the parameters
 
@@ -50,8 +52,9 @@ def test_mlp_equals_single_device(mlp_case, tp, automatic):
 @pytest.mark.parametrize("tp", [2, 8])
 def test_transformer_equals_single_device(transformer_case, tp):
     params, batches, reference, losses = transformer_case
-    trained, tp_losses = tensor.train(params, batches, sub_mesh(tp, AXIS), AXIS)
-    assert models.max_abs_diff(jax.device_get(trained), reference) < 1e-6
+    strategy = tensor.make_tensor_parallel(params, sub_mesh(tp, AXIS), axis_name=AXIS)
+    trained, tp_losses = tensor.train(strategy, params, batches)
+    assert models.max_abs_diff(trained, reference) < 1e-6
     np.testing.assert_allclose(tp_losses, losses, rtol=1e-5, atol=1e-6)
 
 
@@ -65,14 +68,10 @@ def test_shards_have_the_split_shapes(mlp_case):
 
 
 def _compiled_all_reduces(params, x, y, tp, automatic=False):
-    mesh = sub_mesh(tp, AXIS)
-    optimizer = models.make_optimizer()
-    maker = tensor.make_auto_train_step if automatic else tensor.make_train_step
-    step = maker(params, mesh, AXIS, optimizer=optimizer)
-    sharded = tensor.shard_params(params, mesh, AXIS)
-    summary = collectives.summarize(collectives.compiled_collectives(
-        step, sharded, tensor.init_opt_state(optimizer, sharded), x, y))
-    return summary
+    strategy = tensor.make_tensor_parallel(params, sub_mesh(tp, AXIS), axis_name=AXIS,
+                                           automatic=automatic)
+    return collectives.summarize(collectives.compiled_collectives(
+        strategy.step, *strategy.init(params), *strategy.place_batch(x, y)))
 
 
 @pytest.mark.parametrize("tp", [2, 4])
@@ -149,9 +148,9 @@ def _reference_grads(params, x, y, forward=models.mlp_forward):
 
 
 def _tp_grads(params, x, y, tp, **options):
-    mesh = sub_mesh(tp, AXIS)
-    grad_fn = tensor.make_grad_fn(params, mesh, AXIS, **options)
-    return jax.device_get(grad_fn(tensor.shard_params(params, mesh, AXIS), x, y)[1])
+    strategy = tensor.make_tensor_parallel(params, sub_mesh(tp, AXIS), axis_name=AXIS,
+                                           **options)
+    return strategy.grads(strategy.shard(params), x, y)
 
 
 @pytest.mark.parametrize("tp", [2, 8])
@@ -215,8 +214,22 @@ def test_hidden_size_must_divide():
 def test_heads_must_divide():
     params = models.init_transformer_block(jax.random.key(0), d_model=24, n_heads=6, d_hidden=24)
     with pytest.raises(ValueError, match="n_heads = 6 does not divide by 4"):
-        tensor.make_train_step(params, sub_mesh(4, AXIS), AXIS,
-                               optimizer=models.make_optimizer())
+        tensor.make_tensor_parallel(params, sub_mesh(4, AXIS), axis_name=AXIS)
+
+
+def test_automatic_takes_no_hand_written_options(mlp_case):
+    with pytest.raises(ValueError, match="hand-written step"):
+        tensor.make_tensor_parallel(mlp_case[0], sub_mesh(2, AXIS), axis_name=AXIS,
+                                    automatic=True, check_vma=False)
+
+
+def test_automatic_gradients_equal_single_device(mlp_case):
+    params, batches = mlp_case[:2]
+    x, y = batches[0]
+    strategy = tensor.make_tensor_parallel(params, sub_mesh(4, AXIS), axis_name=AXIS,
+                                           automatic=True)
+    check.verify_close("gradients", strategy.grads(strategy.shard(params), x, y),
+                       _reference_grads(params, x, y), rtol=1e-5)
 
 
 def test_unknown_params():

@@ -418,8 +418,7 @@ def check_mesh(params: Params, mesh: Mesh, axis_name: str) -> int:
             number of heads or the MLP's hidden width (the message names a size that would).
     """
     tp = devices.axis_size(mesh, axis_name)
-    block = params["layers"][0]
-    tensor.check_divisible(tp=tp, n_heads=block["wq"].shape[1], d_hidden=block["w1"].shape[1])
+    tensor.check_params(params["layers"][0], tp)  # one layer's heads and hidden width
     return tp
 
 

@@ -21,7 +21,8 @@ import numpy as np
 from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from clusterlab import bench, collectives, distributed
+from clusterlab import bench, collectives, distributed, models
+from clusterlab.parallel import data
 
 HOSTS, DEVICES = "hosts", "devices"  # the two axes of the (hosts, devices per host) mesh
 BOTH = (HOSTS, DEVICES)
@@ -127,105 +128,93 @@ def measure_collectives(sizes_bytes: Sequence[int], *, repeats: int = 7) -> dict
             "median_s": medians, "relative_spread": spreads}
 
 
-def average_gradients(grads):
-    """The data-parallel gradient: the mean of every device's gradients over both mesh axes.
+def _this_process_batch(mesh, xb: np.ndarray, yb: np.ndarray) -> tuple[jax.Array, jax.Array]:
+    """The global batch as a real data loader feeds it: each process passes only its own rows.
 
-    Used by :func:`train_check`'s training step and by its gradient check alike, so a wrong
-    reduction here (a ``psum`` for the ``pmean``) shows in the check.
+    ``xb, yb``: f32[B, D], the same global batch in every process; returns global arrays
+    f32[B, D], split over every device of every process (f32[B/(h*d), D] per device).
     """
-    return jax.lax.pmean(grads, BOTH)
+    h = mesh.devices.shape[0]
+    per_process = xb.shape[0] // h
+    mine = slice(jax.process_index() * per_process, (jax.process_index() + 1) * per_process)
+    return _global(mesh, xb[mine]), _global(mesh, yb[mine])
+
+
+def _first_device_copy(tree):
+    # one device's copy of replicated arrays, readable in every process
+    return jax.tree.map(lambda a: np.asarray(a.addressable_data(0)), tree)
+
+
+def _reference(params0, batches, optimizer, grads: dict) -> dict:
+    """Process 0's single-device run and the gradients' distance from it (see train_check)."""
+    with jax.default_device(jax.local_devices()[0]):
+        ref_params, ref_losses = models.reference_train(params0, batches, optimizer=optimizer)
+        ref_grads = jax.device_get(jax.jit(jax.grad(models.mse_loss))(params0, *batches[0]))
+    scale = max(float(np.max(np.abs(g))) for g in jax.tree.leaves(ref_grads))
+    result = {"reference_losses": [round(float(v), 6) for v in ref_losses],
+              "reference_params": jax.device_get(ref_params)}
+    for name, g in grads.items():
+        result[f"grad_rel_diff{name}"] = models.max_abs_diff(ref_grads, g) / scale
+    return result
 
 
 def train_check(*, steps: int = 5, batch_size: int = 32, d_model: int = 16, d_hidden: int = 32,
                 n_blocks: int = 2, seed: int = 0) -> dict:
     """Data-parallel training across every device of every process, against one device.
 
-    Each process holds its own ``1/hosts`` of every global batch (as a real data loader would),
-    each device computes gradients on its ``1/(hosts*devices)``, ``pmean`` over both mesh axes
-    averages them, and every device applies the same Adam update. Process 0 also trains the
-    same model on one of its devices with :func:`clusterlab.models.reference_train`.
+    The step is :func:`clusterlab.parallel.data.make_data_parallel` over both mesh axes
+    (``axis_name=("hosts", "devices")``): each process holds its own ``1/hosts`` of every global
+    batch (as a real data loader would), each device computes gradients on its
+    ``1/(hosts*devices)``, one mean over both axes averages them, and every device applies the
+    same Adam update. Process 0 also trains the same model on one of its devices with
+    :func:`clusterlab.models.reference_train`.
 
     Returns:
         ``losses`` (rounded to 6 decimals), and on process 0 ``max_abs_diff``: the largest
         parameter difference from the single-device run (``None`` on the other processes), and
-        ``grad_rel_diff`` / ``grad_rel_diff_summed``: the first batch's gradients reduced as
-        the step reduces them (:func:`average_gradients`) or summed (a negative control) over
-        all devices, against one device's, as the largest difference over the largest gradient.
+        ``grad_rel_diff`` / ``grad_rel_diff_summed``: the first batch's gradients as the step
+        reduces them, or summed (``reduce="sum"``, a negative control) over all devices,
+        against one device's, as the largest difference over the largest gradient.
     """
-    import optax
-
-    from clusterlab import models
-
     mesh = distributed.host_mesh(BOTH)
     h, d = mesh.devices.shape
     if batch_size % (h * d):
         raise ValueError(f"batch_size {batch_size} must divide by the {h * d} devices.")
-    rank = jax.process_index()
-    cpu0 = jax.local_devices()[0]
-    n_samples = batch_size * steps
 
     @jax.jit  # one compilation for data and parameters (eager ops would compile one by one)
     def setup(key):
         key_data, key_init = jax.random.split(key)
-        data = models.synthetic_regression(key_data, n_samples=n_samples, d_model=d_model)
-        return data, models.init_mlp(key_init, d_model=d_model, d_hidden=d_hidden,
-                                     n_blocks=n_blocks)
+        xy = models.synthetic_regression(key_data, n_samples=batch_size * steps, d_model=d_model)
+        return xy, models.init_mlp(key_init, d_model=d_model, d_hidden=d_hidden,
+                                   n_blocks=n_blocks)
 
-    with jax.default_device(cpu0):  # identical data and initial parameters in every process
+    with jax.default_device(jax.local_devices()[0]):  # the same data and start everywhere
         (x, y), params0 = jax.device_get(setup(jax.random.key(seed)))
     # batches: [(f32[B, D], f32[B, D])] * steps, consecutive rows of the data set
     batches = [(x[i * batch_size:(i + 1) * batch_size], y[i * batch_size:(i + 1) * batch_size])
                for i in range(steps)]
     optimizer = models.make_optimizer()
-
-    def local_step(params, opt_state, xb, yb):
-        # xb: f32[B/(h*d), D] on each device; params and opt_state replicated
-        loss, grads = jax.value_and_grad(models.mse_loss)(params, xb, yb)
-        grads = average_gradients(grads)
-        updates, opt_state = optimizer.update(grads, opt_state, params)
-        return optax.apply_updates(params, updates), opt_state, jax.lax.pmean(loss, BOTH)
-
-    step = jax.jit(jax.shard_map(local_step, mesh=mesh,
-                                 in_specs=(P(), P(), P(BOTH), P(BOTH)),
-                                 out_specs=(P(), P(), P()), check_vma=False))
-    replicated = NamedSharding(mesh, P())
-    params = jax.device_put(params0, replicated)
-    opt_state = jax.jit(optimizer.init, out_shardings=replicated)(params)
-    per_process = batch_size // h
+    dp = data.make_data_parallel(models.mse_loss, mesh, optimizer, axis_name=BOTH)
+    params, opt_state = dp.init(params0)
     losses = []
     for xb, yb in batches:
-        mine = slice(rank * per_process, (rank + 1) * per_process)  # this process's rows
-        xg = _global(mesh, xb[mine])  # xg: f32[B, D] global, f32[B/(h*d), D] per device
-        yg = _global(mesh, yb[mine])
-        params, opt_state, loss = step(params, opt_state, xg, yg)
+        params, opt_state, loss = dp.step(params, opt_state, *_this_process_batch(mesh, xb, yb))
         losses.append(round(float(loss.addressable_data(0)), 6))
-    result = {"process": rank, "mesh_shape": [h, d], "losses": losses, "max_abs_diff": None}
-    # The first batch's gradients, reduced as the training step reduces them and, as a
-    # negative control, summed (psum: the bug a sum-for-mean mistake makes), for process 0 to
-    # compare with one device's: Adam's update would hide a wrong factor, the gradients do not.
+    result = {"process": jax.process_index(), "mesh_shape": [h, d], "losses": losses,
+              "max_abs_diff": None}
+    # The first batch's gradients, reduced as the step reduces them and, as a negative control,
+    # summed (the bug a sum-for-mean mistake makes), for process 0 to compare with one
+    # device's: Adam's update would hide a wrong factor, the gradients do not.
     grads = {}
-    for reduce_name, reduce in (("", average_gradients),
-                                ("_summed", lambda g: jax.lax.psum(g, BOTH))):
-        grad_fn = jax.jit(jax.shard_map(
-            lambda p_, xb, yb, reduce=reduce: reduce(jax.grad(models.mse_loss)(p_, xb, yb)),
-            mesh=mesh, in_specs=(P(), P(BOTH), P(BOTH)), out_specs=P(), check_vma=False))
-        xb, yb = batches[0]
-        mine = slice(rank * per_process, (rank + 1) * per_process)
-        g = grad_fn(jax.device_put(params0, replicated), _global(mesh, xb[mine]),
-                    _global(mesh, yb[mine]))
-        grads[reduce_name] = jax.tree.map(lambda a: np.asarray(a.addressable_data(0)), g)
-    local_params = jax.tree.map(lambda a: np.asarray(a.addressable_data(0)), params)
-    if rank == 0:
-        with jax.default_device(cpu0):
-            ref_params, ref_losses = models.reference_train(params0, batches,
-                                                            optimizer=optimizer)
-        result["max_abs_diff"] = models.max_abs_diff(jax.device_get(ref_params), local_params)
-        result["reference_losses"] = [round(float(v), 6) for v in ref_losses]
-        with jax.default_device(cpu0):
-            ref_grads = jax.device_get(jax.jit(jax.grad(models.mse_loss))(params0, *batches[0]))
-        scale = max(float(np.max(np.abs(g))) for g in jax.tree.leaves(ref_grads))
-        for reduce_name, g in grads.items():
-            result[f"grad_rel_diff{reduce_name}"] = models.max_abs_diff(ref_grads, g) / scale
+    for name, strategy in (("", dp), ("_summed", data.make_data_parallel(
+            models.mse_loss, mesh, optimizer, axis_name=BOTH, reduce="sum"))):
+        rows = strategy.grads(strategy.shard(params0), *_this_process_batch(mesh, *batches[0]))
+        grads[name] = jax.tree.map(lambda r: r[0], rows)  # this process's first device's
+    if jax.process_index() == 0:
+        reference = _reference(params0, batches, optimizer, grads)
+        result["max_abs_diff"] = models.max_abs_diff(reference.pop("reference_params"),
+                                                     _first_device_copy(params))
+        result.update(reference)
     return result
 
 

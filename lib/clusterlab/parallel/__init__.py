@@ -1,9 +1,20 @@
 """Parallel training steps, each beside the single-device reference it must match.
 
-* :mod:`clusterlab.parallel.data` - data parallelism three ways (pmap, shard_map, jit).
+One shape for every strategy: ``make_<strategy>(model, mesh, optimizer=None, *, <axis names>,
+automatic=False, ...)`` returns a :class:`Strategy` (``shard``, ``unshard``, ``init_opt_state``,
+``place_batch``, ``step``, ``grads``, ``loss_value``, ``mesh``, ``axis_names``), and one
+:func:`train` runs any of them and returns host parameters.
+
+* :mod:`clusterlab.parallel.data` - data parallelism (pmap, shard_map, or ``automatic``).
 * :mod:`clusterlab.parallel.tensor` - Megatron-style tensor parallelism (MLP and attention).
-* :mod:`clusterlab.parallel.pipeline` - pipeline parallelism, GPipe and 1F1B schedules.
-* :mod:`clusterlab.parallel.sharded` - sharded data parallelism (ZeRO/FSDP) and 2-D meshes.
+* :mod:`clusterlab.parallel.pipeline` - pipeline parallelism, GPipe and 1F1B schedules (the
+  schedules themselves are :mod:`clusterlab.schedule`, pure NumPy).
+* :mod:`clusterlab.parallel.sharded` - sharded data parallelism (ZeRO stages 0-3, FSDP).
+* :mod:`clusterlab.parallel.two_d` - 2-D data x tensor parallelism.
 
 Communication comes from :mod:`clusterlab.collectives`; axis names are arguments.
 """
+
+from clusterlab.parallel._common import Params, Strategy, train
+
+__all__ = ["Params", "Strategy", "train"]

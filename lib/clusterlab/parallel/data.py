@@ -9,20 +9,21 @@ floating-point summation order.
 
 The three forms build the same step and differ in who writes the communication:
 
-* ``"pmap"``: the classic form: the function runs once per device over a leading device axis,
-  and calls the gradient mean itself (:func:`clusterlab.collectives.all_reduce_gradients`).
-* ``"shard_map"``: the same per-device code over a named mesh axis; the all-reduce is explicit,
-  may be bucketed, or left out to time the step without communication.
-* ``"jit"``: single-device code with the batch sharded (``NamedSharding``); the compiler
+* ``form="pmap"``: the classic form: the function runs once per device over a leading device
+  axis, and calls the gradient mean itself (:func:`clusterlab.collectives.all_reduce_gradients`).
+* ``form="shard_map"`` (the default): the same per-device code over named mesh axes; the
+  all-reduce is explicit, may be bucketed, or left out to time the step without communication.
+* ``automatic=True``: single-device code with the batch sharded (``NamedSharding``); the compiler
   (GSPMD/Shardy) finds that the gradients of replicated parameters need an all-reduce and
-  inserts it.
+  inserts it. Lab 03 runs the three side by side, which is why ``form`` stays beside
+  ``automatic`` here: the two hand-written forms differ in the code a reader writes.
 
-Each maker returns a :class:`DataParallel`: ``init`` lays out parameters and optimizer state,
-``place_batch`` splits a global batch, ``step(params, opt_state, x, y) -> (params, opt_state,
-loss)`` trains one step, ``gradients`` returns the gradient each device hands its optimizer (to
-check against :func:`clusterlab.models.reference_gradients`, where a wrong factor of p shows),
-``gather`` returns one copy of the parameters. :func:`train` runs N steps like
-``reference_train``.
+:func:`make_data_parallel` returns the :class:`~clusterlab.parallel._common.Strategy` every
+strategy module returns; :func:`train` (the one of :mod:`clusterlab.parallel`) runs N steps
+like ``reference_train``. Its ``grads`` returns the gradient each device hands its optimizer,
+one row per device (to check against :func:`clusterlab.models.reference_gradients`, where a
+wrong factor of p shows). The axis may be a tuple (``("hosts", "devices")``): one reduction over
+every device of a multi-process mesh (:mod:`clusterlab.examples.multihost`).
 
 Replication checking: the ``shard_map`` step runs with ``check_vma=True`` (shard_map's
 default), so JAX proves that the parameters it returns as replicated (``out_specs=P()``) are the
@@ -39,7 +40,7 @@ References:
 
 from __future__ import annotations
 
-from typing import Callable, Iterable, NamedTuple
+from typing import Callable, Literal
 
 import jax
 import jax.numpy as jnp
@@ -48,41 +49,20 @@ import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from clusterlab import collectives, models
-from clusterlab.devices import axis_size as _axis_size
+from clusterlab.parallel._common import (AxisNames, LossFn, Params, Reduction, Strategy,
+                                         as_axis_names, axes_size, check_divisible,
+                                         check_reduce, optimizer_or_adam,
+                                         spec_axes, to_host, train, update)
 
-FORMS = ("pmap", "shard_map", "jit")
-REDUCTIONS = ("mean", "sum")
+__all__ = ["Form", "Strategy", "check_batch", "gradient_bytes", "make_data_parallel",
+           "make_gradient_all_reduce", "train"]
 
-LossFn = Callable[..., jax.Array]
+Form = Literal["pmap", "shard_map"]
 
-
-class DataParallel(NamedTuple):
-    """A data-parallel training step and the functions that lay out its inputs.
-
-    Attributes:
-        form: ``"pmap"``, ``"shard_map"`` or ``"jit"``.
-        n_devices: p, the devices along the data-parallel axis.
-        init: ``init(params) -> (params, opt_state)``, both laid out for ``step``.
-        place_batch: ``place_batch(x, y)``: global f32[B, ...] arrays split over the devices;
-            B must be a multiple of p.
-        step: ``step(params, opt_state, x, y) -> (params, opt_state, loss)``, compiled; its
-            ``.lower`` works, so :func:`clusterlab.collectives.compiled_collectives` can read it.
-        gather: ``gather(params) -> params``: one copy of the parameters.
-        loss_value: ``loss_value(loss) -> f32[]``: the step's loss as one scalar.
-        gradients: ``gradients(params, x, y) -> grads``, with ``params`` as ``init`` lays them
-            out and ``x, y`` as ``place_batch`` does: the gradient each device hands its
-            optimizer in ``step`` (after the all-reduce, computed by the same code), as NumPy
-            arrays with one row per device, each leaf f32[p, ...].
-    """
-
-    form: str
-    n_devices: int
-    init: Callable
-    place_batch: Callable
-    step: Callable
-    gather: Callable
-    loss_value: Callable
-    gradients: Callable
+_BATCH_MESSAGE = (
+    "The global batch of {size} examples does not split evenly over {parts} data-parallel "
+    "devices: each device needs batch/devices whole examples. Use a batch that is a multiple of "
+    "{parts} (e.g. {multiple}), or a device count that divides {size} (e.g. {divisor}).")
 
 
 def check_batch(batch_size: int, n_devices: int) -> None:
@@ -90,300 +70,253 @@ def check_batch(batch_size: int, n_devices: int) -> None:
 
     Args:
         batch_size: B, examples in the global batch.
-        n_devices: p, devices along the data-parallel axis.
+        n_devices: p, devices along the data-parallel axes.
     """
-    if batch_size % n_devices:
-        fits = [d for d in range(1, n_devices + 1) if batch_size % d == 0]
-        raise ValueError(
-            f"The global batch of {batch_size} examples does not split evenly over {n_devices} "
-            f"data-parallel devices: each device needs batch/devices whole examples. Use a batch "
-            f"that is a multiple of {n_devices} (e.g. {(batch_size // n_devices + 1) * n_devices})"
-            f", or a device count that divides {batch_size} (e.g. {fits[-1]}).")
+    check_divisible(batch_size, n_devices, _BATCH_MESSAGE)
 
 
-def check_reduce(reduce: str) -> None:
-    """Raise a ValueError unless ``reduce`` names a gradient reduction, "mean" or "sum"."""
-    if reduce not in REDUCTIONS:
-        raise ValueError(f"reduce must be 'mean' (the gradient of the global batch's mean loss, "
-                         f"for a loss_fn that is a mean over its batch) or 'sum' (for a loss_fn "
-                         f"already divided by the global batch size); got {reduce!r}.")
+def _local_gradients(loss_fn: LossFn, axes: tuple[str, ...], *, bucket_bytes: int | None,
+                     sync_gradients: bool, reduce: Reduction) -> Callable:
+    """The per-device gradient of the hand-written forms: ``(params, x, y) -> (loss, grads)``.
 
-
-def _update(optimizer: optax.GradientTransformation, params, opt_state, grads):
-    updates, opt_state = optimizer.update(grads, opt_state, params)
-    return optax.apply_updates(params, updates), opt_state
-
-
-def _local_gradients(loss_fn: LossFn, axis_name: str, *, bucket_bytes: int | None = None,
-                     sync_gradients: bool = True, reduce: str = "mean") -> Callable:
-    """The per-device gradient of the pmap and shard_map forms: ``(params, x, y) -> (loss, grads)``.
-
-    The step and :attr:`DataParallel.gradients` both call it, so checking the gradients checks
-    the step's own reduction.
+    The step and the strategy's ``grads`` both call it, so checking the gradients checks the
+    step's own reduction.
     """
+    axis = spec_axes(axes)
+
     def gradients(params, x, y):
         # params: replicated; x: f32[B/p, ...], y: f32[B/p, ...] this device's slice.
         # pcast: each device differentiates its own copy, so the gradient stays its local
-        # batch's (varying over axis_name) until the explicit all-reduce below. Without it,
+        # batch's (varying over the axes) until the explicit all-reduce below. Without it,
         # check_vma's transpose of the implicit copy of a replicated parameter would insert a
         # psum by itself: a sum over devices, p times the gradient of the mean loss.
-        local = jax.lax.pcast(params, axis_name, to="varying")
+        local = jax.lax.pcast(params, axis, to="varying")
         loss, grads = jax.value_and_grad(loss_fn)(local, x, y)  # grads of the local mean
         if sync_gradients:
-            grads = collectives.all_reduce_gradients(grads, axis_name, bucket_bytes=bucket_bytes,
+            grads = collectives.all_reduce_gradients(grads, axis, bucket_bytes=bucket_bytes,
                                                      mean=reduce == "mean")
-        return jax.lax.pmean(loss, axis_name), grads  # the global batch's loss, for reporting
+        return jax.lax.pmean(loss, axis), grads  # the global batch's loss, for reporting
     return gradients
 
 
-def _local_step(loss_fn: LossFn, optimizer: optax.GradientTransformation, axis_name: str,
-                **gradient_options) -> Callable:
-    """The per-device step of the pmap and shard_map forms."""
-    gradients = _local_gradients(loss_fn, axis_name, **gradient_options)
-
+def _local_step(optimizer: optax.GradientTransformation, gradients: Callable) -> Callable:
+    """The per-device step of the hand-written forms, around :func:`_local_gradients`."""
     def step(params, opt_state, x, y):
         loss, grads = gradients(params, x, y)
-        params, opt_state = _update(optimizer, params, opt_state, grads)
+        params, opt_state = update(optimizer, params, opt_state, grads)
         return params, opt_state, loss
     return step
 
 
-def _device_rows(tree) -> object:
+def _rows(tree: Params) -> Params:
+    """Leaves split one row per device over the data axes (f32[p, ...]), read on the host.
+
+    Reads the addressable shards, in device order, so that it also works when other processes
+    hold the other rows (:mod:`clusterlab.examples.multihost`): then the rows are this
+    process's devices'.
+    """
+    def rows(leaf):
+        shards = sorted(leaf.addressable_shards, key=lambda s: s.index[0].start or 0)
+        return np.concatenate([np.asarray(s.data) for s in shards])
+    return jax.tree.map(rows, tree)
+
+
+def _replica_rows(tree: Params) -> Params:
     """Each device's copy of replicated arrays, read from their shards: leaves f32[p, ...]."""
     return jax.tree.map(
         lambda leaf: np.stack([np.asarray(s.data) for s in leaf.addressable_shards]), tree)
 
 
-def pmap_data_parallel(loss_fn: LossFn, optimizer: optax.GradientTransformation, mesh: Mesh, *,
-                       axis_name: str, bucket_bytes: int | None = None,
-                       reduce: str = "mean") -> DataParallel:
-    """Data parallelism with ``jax.pmap``: per-device code, ``pmean`` of the gradients.
-
-    Parameters and optimizer state carry a leading device axis (one copy per device), the batch
-    is reshaped to f32[p, B/p, ...].
-
-    Args:
-        loss_fn: ``loss_fn(params, x, y) -> f32[]``, a mean over the batch.
-        optimizer: an ``optax`` gradient transformation.
-        mesh: a 1-D mesh whose devices ``pmap`` runs on.
-        axis_name: the mesh's axis, the name ``pmean`` reduces over.
-        bucket_bytes: bucket the gradient all-reduce (see
-            :func:`clusterlab.collectives.all_reduce_gradients`).
-        reduce: as in :func:`shard_map_data_parallel`.
-
-    Returns:
-        The :class:`DataParallel` of the pmap form.
-    """
-    p = _axis_size(mesh, axis_name)
-    check_reduce(reduce)
-    if mesh.devices.ndim != 1:
-        raise ValueError(f"The pmap form runs over one axis; got a mesh of shape "
-                         f"{dict(mesh.shape)}. Use a 1-D mesh, or the shard_map or jit form.")
+def _pmap(loss_fn: LossFn, optimizer: optax.GradientTransformation, mesh: Mesh,
+          axes: tuple[str, ...], gradient_options: dict) -> Strategy:
+    """The ``pmap`` form: parameters, optimizer state and batch carry a leading device axis."""
+    if len(axes) != 1 or mesh.devices.ndim != 1:
+        raise ValueError(f"The pmap form runs over one axis; got axes {axes} of a mesh of shape "
+                         f"{dict(mesh.shape)}. Use a 1-D mesh, or form='shard_map'.")
+    p, (axis,) = axes_size(mesh, axes), axes
     devices = list(mesh.devices.flat)
-    stacked = NamedSharding(mesh, P(axis_name))  # a leading axis of p, one slice per device
-    options = dict(bucket_bytes=bucket_bytes, reduce=reduce)
-    step = jax.pmap(_local_step(loss_fn, optimizer, axis_name, **options),
-                    axis_name=axis_name, devices=devices)
-    local_gradients = _local_gradients(loss_fn, axis_name, **options)
-    per_device_gradients = jax.pmap(lambda params, x, y: local_gradients(params, x, y)[1],
-                                    axis_name=axis_name, devices=devices)
+    stacked = NamedSharding(mesh, P(axis))  # a leading axis of p, one slice per device
+    gradients = _local_gradients(loss_fn, axes, **gradient_options)
+    step = jax.pmap(_local_step(optimizer, gradients), axis_name=axis, devices=devices)
+    per_device_gradients = jax.pmap(lambda params, x, y: gradients(params, x, y)[1],
+                                    axis_name=axis, devices=devices)
 
-    def put_stacked(a: jax.Array) -> jax.Array:
-        return jax.device_put(a, stacked)
-
-    def init(params):
-        opt_state = optimizer.init(params)
-        copies = jax.tree.map(lambda a: jnp.broadcast_to(a, (p, *jnp.shape(a))),
-                              (params, opt_state))  # each leaf: [p, ...], one copy per device
-        return jax.tree.map(put_stacked, copies)
+    def shard(params):
+        # each leaf: [p, ...], one copy per device
+        return jax.tree.map(lambda a: jax.device_put(jnp.broadcast_to(a, (p, *jnp.shape(a))),
+                                                     stacked), params)
 
     def place_batch(x, y):
         check_batch(x.shape[0], p)
         # x: f32[B, ...] -> f32[p, B/p, ...]
-        return tuple(put_stacked(a.reshape(p, a.shape[0] // p, *a.shape[1:])) for a in (x, y))
+        return tuple(jax.device_put(a.reshape(p, a.shape[0] // p, *a.shape[1:]), stacked)
+                     for a in (x, y))
 
-    return DataParallel("pmap", p, init, place_batch, step,
-                        gather=lambda params: jax.tree.map(lambda a: a[0], params),
-                        loss_value=lambda loss: loss[0],
-                        gradients=lambda params, x, y: jax.tree.map(
-                            np.asarray, per_device_gradients(params, x, y)))
+    return Strategy(
+        "data/pmap", mesh, axes, False, shard,
+        unshard=lambda params: to_host(jax.tree.map(lambda a: a[0], params)),
+        init_opt_state=jax.pmap(optimizer.init, axis_name=axis, devices=devices),
+        place_batch=place_batch,
+        step=step, grads=lambda params, x, y: to_host(per_device_gradients(params, x, y)),
+        loss_value=lambda loss: np.asarray(loss[0]))
 
 
-def shard_map_data_parallel(loss_fn: LossFn, optimizer: optax.GradientTransformation,
-                            mesh: Mesh, *, axis_name: str, bucket_bytes: int | None = None,
-                            combine_all_reduces: bool = True,
-                            sync_gradients: bool = True, reduce: str = "mean") -> DataParallel:
-    """Data parallelism with ``jax.shard_map``: the gradient all-reduce written out.
-
-    Args:
-        loss_fn: ``loss_fn(params, x, y) -> f32[]``, a mean over the batch.
-        optimizer: an ``optax`` gradient transformation.
-        mesh: the device mesh; parameters are replicated over all of it.
-        axis_name: the data-parallel axis; the batch is split over it.
-        bucket_bytes: None for one all-reduce per gradient leaf, or the bucket size in bytes
-            (see :func:`clusterlab.collectives.all_reduce_gradients`).
-        combine_all_reduces: let XLA merge independent all-reduces (its default). False
-            compiles with :data:`clusterlab.collectives.SEPARATE_ALL_REDUCES`, so the program
-            keeps one all-reduce per bucket (or per leaf).
-        sync_gradients: False leaves the gradient all-reduce out: each device then updates
-            with its own gradients and the replicas drift apart. Only for timing the step
-            without its communication, and as the negative control of a check against one
-            device.
-        reduce: ``"mean"`` averages the devices' gradients (``pmean``), right for a ``loss_fn``
-            that is a mean over its batch slice; ``"sum"`` adds them (``psum``), right only for a
-            loss already divided by the global batch size: with a mean loss it applies ``p``
-            times the gradient (the bug that a check of the gradients catches and a check of
-            Adam's parameters barely sees).
-
-    Returns:
-        The :class:`DataParallel` of the shard_map form.
-    """
-    p = _axis_size(mesh, axis_name)
-    check_reduce(reduce)
+def _replicated_layout(mesh: Mesh, axes: tuple[str, ...],
+                       optimizer: optax.GradientTransformation) -> dict:
+    """``shard``, ``unshard``, ``init_opt_state`` and ``place_batch`` of the shard_map and jit
+    forms: parameters and optimizer state replicated, the batch split over ``axes``."""
+    p = axes_size(mesh, axes)
     replicated = NamedSharding(mesh, P())
-    batch_sharding = NamedSharding(mesh, P(axis_name))
-    options = dict(bucket_bytes=bucket_bytes, sync_gradients=sync_gradients, reduce=reduce)
-    # check_vma=True proves that the parameters returned as replicated (out_specs P()) are the
-    # same on every device. Without the all-reduce they are not, and JAX would reject the step
-    # at trace time; the sync_gradients=False variant exists to time the step without its
-    # communication (and to show a check catching the drift), so only it runs unchecked.
-    per_device = jax.shard_map(
-        _local_step(loss_fn, optimizer, axis_name, **options),
-        mesh=mesh, in_specs=(P(), P(), P(axis_name), P(axis_name)), out_specs=(P(), P(), P()),
-        check_vma=sync_gradients)
-    compiler_options = None if combine_all_reduces else collectives.SEPARATE_ALL_REDUCES
-    step = jax.jit(per_device, compiler_options=compiler_options)
-    local_gradients = _local_gradients(loss_fn, axis_name, **options)
-    # one row per device (out_specs P(axis)): replicated or not, every device's copy comes back
-    per_device_gradients = jax.jit(jax.shard_map(
-        lambda params, x, y: jax.tree.map(lambda g: g[None], local_gradients(params, x, y)[1]),
-        mesh=mesh, in_specs=(P(), P(axis_name), P(axis_name)), out_specs=P(axis_name)),
-        compiler_options=compiler_options)
-
-    def init(params):
-        return jax.device_put((params, optimizer.init(params)), replicated)
+    batch_sharding = NamedSharding(mesh, P(spec_axes(axes)))
 
     def place_batch(x, y):
         check_batch(x.shape[0], p)
         return jax.device_put((x, y), batch_sharding)  # each device: f32[B/p, ...]
 
-    return DataParallel("shard_map", p, init, place_batch, step, gather=lambda params: params,
-                        loss_value=lambda loss: loss,
-                        gradients=lambda params, x, y: jax.tree.map(
-                            np.asarray, per_device_gradients(params, x, y)))
+    return dict(shard=lambda params: jax.device_put(params, replicated), unshard=to_host,
+                init_opt_state=jax.jit(optimizer.init, out_shardings=replicated),
+                place_batch=place_batch, loss_value=np.asarray)
 
 
-def jit_data_parallel(loss_fn: LossFn, optimizer: optax.GradientTransformation, mesh: Mesh, *,
-                      axis_name: str, combine_all_reduces: bool = True) -> DataParallel:
-    """Data parallelism left to the compiler: ``jax.jit`` of the single-device step.
+def _shard_map(loss_fn: LossFn, optimizer: optax.GradientTransformation, mesh: Mesh,
+               axes: tuple[str, ...], gradient_options: dict,
+               compiler_options: dict | None) -> Strategy:
+    """The ``shard_map`` form: the gradient all-reduce written out."""
+    axis = spec_axes(axes)
+    gradients = _local_gradients(loss_fn, axes, **gradient_options)
+    # check_vma=True proves that the parameters returned as replicated (out_specs P()) are the
+    # same on every device. Without the all-reduce they are not, and JAX would reject the step
+    # at trace time; the sync_gradients=False variant exists to time the step without its
+    # communication (and to show a check catching the drift), so only it runs unchecked.
+    step = jax.jit(jax.shard_map(
+        _local_step(optimizer, gradients), mesh=mesh,
+        in_specs=(P(), P(), P(axis), P(axis)), out_specs=(P(), P(), P()),
+        check_vma=gradient_options["sync_gradients"]), compiler_options=compiler_options)
+    # one row per device (out_specs P(axis)): replicated or not, every device's copy comes back
+    per_device_gradients = jax.jit(jax.shard_map(
+        lambda params, x, y: jax.tree.map(lambda g: g[None], gradients(params, x, y)[1]),
+        mesh=mesh, in_specs=(P(), P(axis), P(axis)), out_specs=P(axis)),
+        compiler_options=compiler_options)
+    return Strategy("data/shard_map", mesh, axes, False, step=step,
+                    grads=lambda params, x, y: _rows(per_device_gradients(params, x, y)),
+                    **_replicated_layout(mesh, axes, optimizer))
 
-    The batch is sharded over ``axis_name`` and the parameters replicated; XLA's SPMD
-    partitioner sees that the gradient of a replicated parameter sums over the sharded batch
-    and inserts the all-reduce.
+
+def _automatic(loss_fn: LossFn, optimizer: optax.GradientTransformation, mesh: Mesh,
+               axes: tuple[str, ...], compiler_options: dict | None) -> Strategy:
+    """The form left to the compiler: ``jax.jit`` of the single-device step, batch sharded.
+
+    XLA's SPMD partitioner sees that the gradient of a replicated parameter sums over the
+    sharded batch and inserts the all-reduce.
+    """
+    replicated = NamedSharding(mesh, P())
+    batch = NamedSharding(mesh, P(spec_axes(axes)))
+    step = jax.jit(models.make_train_step(loss_fn, optimizer),
+                   in_shardings=(replicated, replicated, batch, batch),
+                   out_shardings=(replicated, replicated, replicated),
+                   compiler_options=compiler_options)
+    # the same gradient the step computes, laid out as the step lays it out (replicated)
+    global_gradients = jax.jit(jax.grad(loss_fn), in_shardings=(replicated, batch, batch),
+                               out_shardings=replicated, compiler_options=compiler_options)
+    return Strategy("data/jit", mesh, axes, True, step=step,
+                    grads=lambda params, x, y: _replica_rows(global_gradients(params, x, y)),
+                    **_replicated_layout(mesh, axes, optimizer))
+
+
+def make_data_parallel(loss_fn: LossFn, mesh: Mesh,
+                       optimizer: optax.GradientTransformation | None = None, *,
+                       axis_name: AxisNames, automatic: bool = False,
+                       form: Form = "shard_map", bucket_bytes: int | None = None,
+                       combine_all_reduces: bool = True, sync_gradients: bool = True,
+                       reduce: Reduction = "mean") -> Strategy:
+    """Data parallelism over ``axis_name``: written out (pmap, shard_map) or by the compiler.
 
     Args:
-        loss_fn: ``loss_fn(params, x, y) -> f32[]``, a mean over the batch.
-        optimizer: an ``optax`` gradient transformation.
-        mesh: the device mesh.
-        axis_name: the data-parallel axis; the batch is split over it.
-        combine_all_reduces: as in :func:`shard_map_data_parallel`.
+        loss_fn: ``loss_fn(params, x, y) -> f32[]``, a mean over the batch (any model: data
+            parallelism splits only the batch), e.g. :func:`clusterlab.models.mse_loss`.
+        mesh: the device mesh; parameters are replicated over all of it.
+        optimizer: an ``optax`` gradient transformation; default
+            :func:`clusterlab.models.make_optimizer` (Adam).
+        axis_name: the data-parallel axis, or a tuple of axes reduced over together (e.g.
+            ``("hosts", "devices")``: one all-reduce over every device of several processes).
+        automatic: ``jax.jit`` of the single-device step with the batch sharded; the compiler
+            inserts the all-reduce. Takes no ``form``, buckets, ``sync_gradients`` or
+            ``reduce``: it derives the reduction from the mean loss.
+        form: for the hand-written step, ``"shard_map"`` (per-device code over a named mesh
+            axis) or ``"pmap"`` (the classic form, over a leading device axis; one 1-D axis).
+        bucket_bytes: None for one all-reduce per gradient leaf, or the bucket size in bytes
+            (see :func:`clusterlab.collectives.all_reduce_gradients`).
+        combine_all_reduces: let XLA merge independent all-reduces (its default). False
+            compiles with :data:`clusterlab.collectives.SEPARATE_ALL_REDUCES`, so the program
+            keeps one all-reduce per bucket (or per leaf). Not for ``form="pmap"``.
+        sync_gradients: False leaves the gradient all-reduce out (shard_map only): each device
+            then updates with its own gradients and the replicas drift apart. Only for timing
+            the step without its communication, and as the negative control of a check.
+        reduce: ``"mean"`` averages the devices' gradients (``pmean``), right for a ``loss_fn``
+            that is a mean over its batch slice; ``"sum"`` adds them (``psum``), right only for a
+            loss already divided by the global batch size: with a mean loss it applies ``p``
+            times the gradient (the bug a check of the gradients catches).
 
     Returns:
-        The :class:`DataParallel` of the jit form.
+        The :class:`~clusterlab.parallel._common.Strategy`, named ``"data/pmap"``,
+        ``"data/shard_map"`` or ``"data/jit"``; its ``grads`` has one row per device.
+
+    Raises:
+        ValueError: for an axis not in the mesh, an unknown ``form`` or ``reduce``, or an
+            option the chosen form does not have.
     """
-    p = _axis_size(mesh, axis_name)
-    replicated = NamedSharding(mesh, P())
-    batch_sharding = NamedSharding(mesh, P(axis_name))
-
-    def global_step(params, opt_state, x, y):
-        # x: f32[B, ...], sharded over axis_name; the code is the single-device step
-        loss, grads = jax.value_and_grad(loss_fn)(params, x, y)
-        params, opt_state = _update(optimizer, params, opt_state, grads)
-        return params, opt_state, loss
-
-    options = None if combine_all_reduces else collectives.SEPARATE_ALL_REDUCES
-    step = jax.jit(global_step, in_shardings=(replicated, replicated, batch_sharding,
-                                              batch_sharding),
-                   out_shardings=(replicated, replicated, replicated), compiler_options=options)
-    # the same gradient the step computes, laid out as the step lays it out (replicated)
-    global_gradients = jax.jit(jax.grad(loss_fn), in_shardings=(replicated, batch_sharding,
-                                                                batch_sharding),
-                               out_shardings=replicated, compiler_options=options)
-
-    def init(params):
-        return jax.device_put((params, optimizer.init(params)), replicated)
-
-    def place_batch(x, y):
-        check_batch(x.shape[0], p)
-        return jax.device_put((x, y), batch_sharding)
-
-    return DataParallel("jit", p, init, place_batch, step, gather=lambda params: params,
-                        loss_value=lambda loss: loss,
-                        gradients=lambda params, x, y: _device_rows(
-                            global_gradients(params, x, y)))
+    axes = as_axis_names(axis_name)
+    axes_size(mesh, axes)
+    optimizer = optimizer_or_adam(optimizer)
+    check_reduce(reduce)
+    compiler_options = None if combine_all_reduces else collectives.SEPARATE_ALL_REDUCES
+    if automatic:
+        if bucket_bytes is not None or not sync_gradients or reduce != "mean":
+            raise ValueError("automatic=True leaves the all-reduce to the compiler: it takes no "
+                             "bucket_bytes, sync_gradients or reduce. Use automatic=False to "
+                             "write the reduction out.")
+        return _automatic(loss_fn, optimizer, mesh, axes, compiler_options)
+    options = dict(bucket_bytes=bucket_bytes, sync_gradients=sync_gradients, reduce=reduce)
+    if form == "shard_map":
+        return _shard_map(loss_fn, optimizer, mesh, axes, options, compiler_options)
+    if form != "pmap":
+        raise ValueError(f"Unknown data-parallel form {form!r}; choose 'shard_map' or 'pmap' "
+                         f"(automatic=True for the compiler's).")
+    if not (combine_all_reduces and sync_gradients):
+        raise ValueError("The pmap form takes no combine_all_reduces or sync_gradients; use "
+                         "form='shard_map' for them.")
+    return _pmap(loss_fn, optimizer, mesh, axes, options)
 
 
-def make_data_parallel(form: str, loss_fn: LossFn, optimizer: optax.GradientTransformation,
-                       mesh: Mesh, *, axis_name: str, **options) -> DataParallel:
-    """One of the three forms by name; ``options`` go to its maker.
-
-    Args:
-        form: ``"pmap"``, ``"shard_map"`` or ``"jit"``.
-        loss_fn, optimizer, mesh, axis_name: as in the makers.
-        **options: e.g. ``bucket_bytes``, ``combine_all_reduces`` or ``reduce``.
-    """
-    makers = {"pmap": pmap_data_parallel, "shard_map": shard_map_data_parallel,
-              "jit": jit_data_parallel}
-    if form not in makers:
-        raise ValueError(f"Unknown data-parallel form {form!r}; choose one of {', '.join(FORMS)}.")
-    return makers[form](loss_fn, optimizer, mesh, axis_name=axis_name, **options)
-
-
-def make_gradient_all_reduce(mesh: Mesh, *, axis_name: str, bucket_bytes: int | None = None,
+def make_gradient_all_reduce(mesh: Mesh, *, axis_name: AxisNames,
+                             bucket_bytes: int | None = None,
                              combine_all_reduces: bool = True) -> Callable:
     """The gradient all-reduce of a data-parallel step on its own, to time it apart from compute.
 
     Args:
         mesh: the device mesh.
-        axis_name: the data-parallel axis.
+        axis_name: the data-parallel axis (or axes).
         bucket_bytes: as in :func:`clusterlab.collectives.all_reduce_gradients`.
-        combine_all_reduces: as in :func:`shard_map_data_parallel`.
+        combine_all_reduces: as in :func:`make_data_parallel`.
 
     Returns:
         A jitted ``fn(grads) -> grads``: every device holds a whole gradient pytree (replicated
         placement, ``P()``) and gets the mean over ``axis_name``, in one all-reduce per bucket
         (or per leaf, or combined by XLA).
     """
-    _axis_size(mesh, axis_name)
+    axis = spec_axes(as_axis_names(axis_name))
+    axes_size(mesh, axis_name)
 
     def mean_of_copies(grads):
         # the replicated input stands for p different per-device gradients: pcast types it so
-        grads = jax.lax.pcast(grads, axis_name, to="varying")
-        return collectives.all_reduce_gradients(grads, axis_name, bucket_bytes=bucket_bytes)
+        grads = jax.lax.pcast(grads, axis, to="varying")
+        return collectives.all_reduce_gradients(grads, axis, bucket_bytes=bucket_bytes)
 
     fn = jax.shard_map(mean_of_copies, mesh=mesh, in_specs=P(), out_specs=P())
     return jax.jit(fn, compiler_options=None if combine_all_reduces
                    else collectives.SEPARATE_ALL_REDUCES)
 
 
-def train(dp: DataParallel, params, batches: Iterable[tuple[jax.Array, jax.Array]]):
-    """Train with a data-parallel step, as :func:`clusterlab.models.reference_train` does.
-
-    Args:
-        dp: from one of the makers.
-        params: initial parameters (one copy).
-        batches: ``(x, y)`` global batches, one per step; each batch size a multiple of p.
-
-    Returns:
-        ``(params, losses)``: one copy of the trained parameters and the global batch's loss
-        before each update, a NumPy f32[n_steps] on the host.
-    """
-    params, opt_state = dp.init(params)
-    params, _, losses = models.run_steps(dp.step, params, opt_state, batches,
-                                         place=dp.place_batch, loss_value=dp.loss_value)
-    return dp.gather(params), losses
-
-
-def gradient_bytes(params) -> int:
+def gradient_bytes(params: Params) -> int:
     """Bytes of one full gradient of ``params``: what data parallelism all-reduces per step."""
     return models.param_bytes(params)

@@ -6,13 +6,13 @@ micro-batches. A *schedule* (:mod:`clusterlab.schedule`, pure NumPy, re-exported
 1F1B and interleaved 1F1B) says, for every time slot and stage, whether the stage runs the
 forward or backward pass of a micro-batch, or idles.
 
-:func:`make_train_step` executes a schedule in one ``jax.shard_map`` program: a ``lax.scan``
-over the time slots in which every device looks up its own action, runs it, and then passes
-activations forward and gradients backward with one ``ppermute`` each. Each stage stashes the
-*input* of every micro-batch it has received and not yet run backward, and recomputes its
-forward pass in the backward slot (GPipe's re-materialization), so its activation memory is the
-stash: ``slots * (B/m) * D * 4`` bytes, with ``slots`` the most micro-batches the schedule keeps
-in flight on a stage.
+:func:`make_pipeline_parallel`'s step executes a schedule in one ``jax.shard_map`` program: a
+``lax.scan`` over the time slots in which every device looks up its own action, runs it, and
+then passes activations forward and gradients backward with one ``ppermute`` each. Each stage
+stashes the *input* of every micro-batch it has received and not yet run backward, and
+recomputes its forward pass in the backward slot (GPipe's re-materialization), so its
+activation memory is the stash: ``slots * (B/m) * D * 4`` bytes, with ``slots`` the most
+micro-batches the schedule keeps in flight on a stage.
 
 All devices run the same program and meet at every ``ppermute``, so a slot lasts as long as the
 slowest stage's work in it (a lock-step executor). Real pipelines send point to point without a
@@ -36,21 +36,24 @@ import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from clusterlab import _checks, devices, models
-from clusterlab.schedule import (  # noqa: F401  (re-exported: the schedules this module runs)
-    BACKWARD, FORWARD, IDLE, Schedule, ScheduleName, check_executable, make_schedule)
+from clusterlab.parallel._common import (Params, Strategy, axes_size, check_divisible,
+                                         opt_state_initializer, opt_state_specs,
+                                         optimizer_or_adam, train)
+from clusterlab.schedule import (BACKWARD, FORWARD, IDLE, Schedule, ScheduleName,
+                                 check_executable, make_schedule)
 
-def check_divisible(*, n_blocks: int, stages: int, batch: int, microbatches: int) -> None:
-    """Raise a ValueError unless the blocks split into stages and the batch into micro-batches."""
-    if n_blocks % stages:
-        raise ValueError(
-            f"Pipeline parallelism gives every stage the same number of blocks: n_blocks = "
-            f"{n_blocks} does not divide by {stages} stages. Use a multiple of {stages} blocks, or "
-            f"a stage count that divides {n_blocks}.")
-    if batch % microbatches:
-        raise ValueError(
-            f"The batch of {batch} examples does not split into {microbatches} equal "
-            f"micro-batches. Use a batch that is a multiple of {microbatches}, or a number of "
-            f"micro-batches that divides {batch}.")
+# the schedules this module runs are re-exported, so that labs need one import
+__all__ = ["BACKWARD", "FORWARD", "IDLE", "Schedule", "ScheduleName", "Strategy",
+           "check_executable", "make_pipeline_parallel", "make_schedule", "shard_stages",
+           "stack_stages", "stage_forward", "stash_bytes", "train", "unstack_stages"]
+
+_BLOCKS_MESSAGE = (
+    "Pipeline parallelism gives every stage the same number of blocks: n_blocks = {size} does "
+    "not divide by {parts} stages. Use a multiple of {parts} blocks, or a stage count that "
+    "divides {size}.")
+_MICROBATCH_MESSAGE = (
+    "The batch of {size} examples does not split into {parts} equal micro-batches. Use a batch "
+    "that is a multiple of {parts}, or a number of micro-batches that divides {size}.")
 
 
 def stack_stages(params: Sequence[dict], stages: int) -> dict:
@@ -61,8 +64,7 @@ def stack_stages(params: Sequence[dict], stages: int) -> dict:
         stages: p; must divide the number of blocks.
     """
     stages = _checks.count("stages", stages)
-    if len(params) % stages:
-        check_divisible(n_blocks=len(params), stages=stages, batch=1, microbatches=1)
+    check_divisible(len(params), stages, _BLOCKS_MESSAGE)
     stacked = jax.tree.map(lambda *leaves: jnp.stack(leaves), *params)  # leaf: f32[L, ...]
     return jax.tree.map(lambda a: a.reshape(stages, a.shape[0] // stages, *a.shape[1:]), stacked)
 
@@ -113,7 +115,7 @@ def _local_grads(axis_name: str, schedule: Schedule) -> Callable:
 
     def local_grads(params, x, y):
         stage_params = jax.tree.map(lambda a: a[0], params)
-        check_divisible(n_blocks=1, stages=1, batch=x.shape[0], microbatches=m)
+        check_divisible(x.shape[0], m, _MICROBATCH_MESSAGE)
         xs = x.reshape(m, x.shape[0] // m, *x.shape[1:])  # xs: f32[m, B/m, D]
         ys = y.reshape(m, y.shape[0] // m, *y.shape[1:])
         me = jax.lax.axis_index(axis_name)
@@ -178,60 +180,22 @@ def _local_grads(axis_name: str, schedule: Schedule) -> Callable:
 
 def _check_mesh(mesh: Mesh, axis_name: str, schedule: Schedule) -> None:
     check_executable(schedule)
-    if mesh.shape[axis_name] != schedule.stages:
+    if axes_size(mesh, axis_name) != schedule.stages:
         raise ValueError(f"The schedule has {schedule.stages} stages but mesh axis {axis_name!r} "
                          f"has {mesh.shape[axis_name]} devices; they must be equal.")
 
 
-def make_grad_fn(mesh: Mesh, axis_name: str, schedule: Schedule) -> Callable:
-    """The loss and gradients of one pipelined step, to check against one device.
-
-    Gradients show what Adam would hide: a wrong factor (micro-batch losses summed instead of
-    averaged) or a micro-batch whose gradient went missing.
-
-    Args:
-        mesh: the mesh; ``axis_name`` has ``schedule.stages`` devices.
-        axis_name: the pipeline axis.
-        schedule: from :func:`make_schedule`, or any table of the same shape (a broken one, to
-            see the check against one device catch it).
-
-    Returns:
-        ``grads(stacked_params, x, y) -> (loss, stacked_grads)``: params from
-        :func:`shard_stages`, ``x``, ``y`` f32[B, D], ``loss`` f32[] (the last stage's),
-        ``stacked_grads`` shaped and sharded like the params (:func:`unstack_stages` them to
-        compare with ``jax.grad`` of :func:`clusterlab.models.mse_loss`).
-    """
-    _check_mesh(mesh, axis_name, schedule)
-    local_grads = _local_grads(axis_name, schedule)
-
-    def grads(params, x, y):
-        specs = jax.tree.map(lambda _: P(axis_name), params)
-        stacked_grads, losses = jax.shard_map(
-            local_grads, mesh=mesh, in_specs=(specs, P(), P()),
-            out_specs=(specs, P(axis_name)))(params, x, y)
-        return losses[-1], stacked_grads  # the last stage computed the loss
-
-    return jax.jit(grads)
+def _stage_specs(tree: Params, axis_name: str) -> Params:
+    return jax.tree.map(lambda _: P(axis_name), tree)  # every leaf split over the stages
 
 
-def make_train_step(mesh: Mesh, axis_name: str, schedule: Schedule, *,
-                    optimizer: optax.GradientTransformation) -> Callable:
-    """A jitted pipeline-parallel training step that executes ``schedule`` with ``shard_map``.
+def _manual_programs(mesh: Mesh, axis_name: str, schedule: Schedule,
+                     optimizer: optax.GradientTransformation) -> tuple[Callable, Callable]:
+    """The ``shard_map`` step that executes ``schedule``, and the gradients it computes.
 
-    Each stage runs its slots of the schedule (:func:`make_grad_fn`'s gradients), then updates
-    its own blocks with ``optimizer``.
-
-    Args:
-        mesh: the mesh; ``axis_name`` has ``schedule.stages`` devices.
-        axis_name: the pipeline axis.
-        schedule: from :func:`make_schedule`.
-        optimizer: an element-wise ``optax`` optimizer (each stage updates its own blocks).
-
-    Returns:
-        ``step(stacked_params, opt_state, x, y) -> (stacked_params, opt_state, loss)``: params
-        and optimizer state from :func:`shard_stages` and :func:`init_opt_state`, ``x``, ``y``
-        f32[B, D], ``loss`` f32[] (the mean squared error over the whole batch, as
-        :func:`clusterlab.models.mse_loss`).
+    Each stage runs its slots of the schedule, then updates its own blocks with ``optimizer``.
+    The gradients show what Adam would hide: a wrong factor (micro-batch losses summed instead
+    of averaged) or a micro-batch whose gradient went missing.
     """
     _check_mesh(mesh, axis_name, schedule)
     local_grads = _local_grads(axis_name, schedule)
@@ -243,8 +207,8 @@ def make_train_step(mesh: Mesh, axis_name: str, schedule: Schedule, *,
         return optax.apply_updates(params, updates), opt_state, loss
 
     def step(params, opt_state, x, y):
-        specs = jax.tree.map(lambda _: P(axis_name), params)
-        state_specs = _opt_state_specs(optimizer, params, axis_name)
+        specs = _stage_specs(params, axis_name)
+        state_specs = opt_state_specs(optimizer, params, specs)
         # check_vma=True (the default): JAX checks that what out_specs calls replicated (Adam's
         # step count) is the same on every stage.
         params, opt_state, losses = jax.shard_map(
@@ -252,101 +216,127 @@ def make_train_step(mesh: Mesh, axis_name: str, schedule: Schedule, *,
             out_specs=(specs, state_specs, P(axis_name)))(params, opt_state, x, y)
         return params, opt_state, losses[-1]  # the last stage computed the loss
 
-    return jax.jit(step)
+    def grads(params, x, y):
+        specs = _stage_specs(params, axis_name)
+        stacked_grads, _ = jax.shard_map(
+            local_grads, mesh=mesh, in_specs=(specs, P(), P()),
+            out_specs=(specs, P(axis_name)))(params, x, y)
+        return stacked_grads
+
+    return jax.jit(step), jax.jit(grads)
 
 
-def _opt_state_specs(optimizer: optax.GradientTransformation, params: dict,
-                     axis_name: str) -> object:
-    state_shapes = jax.eval_shape(optimizer.init, params)
-    specs = jax.tree.map(lambda _: P(axis_name), params)
-    return optax.tree_map_params(optimizer, lambda _, spec: spec, state_shapes, specs,
-                                 transform_non_params=lambda _: P(),
-                                 is_leaf=lambda v: isinstance(v, P))
+def _stacked_forward(stacked: Params, x: jax.Array) -> jax.Array:
+    # stacked: leaves f32[p, L/p, ...] -> f32[L, ...], the blocks in order; x: f32[B, D]
+    flat = jax.tree.map(lambda a: a.reshape(-1, *a.shape[2:]), stacked)
+    x, _ = jax.lax.scan(lambda h, block: (models.mlp_block(block, h), None), x, flat)
+    return x
+
+
+def _automatic_programs(mesh: Mesh, axis_name: str,
+                        optimizer: optax.GradientTransformation) -> tuple[Callable, Callable]:
+    """The single-device step over the stacked blocks, their stage axis split over the devices.
+
+    The compiler does not pipeline: it moves the blocks' weights to where the whole batch is
+    computed (count its collectives).
+    """
+    def loss_fn(params, x, y):
+        return models.mse_loss(params, x, y, forward=_stacked_forward)
+
+    split, replicated = NamedSharding(mesh, P(axis_name)), NamedSharding(mesh, P())
+    step = jax.jit(models.make_train_step(loss_fn, optimizer),
+                   in_shardings=(split, None, replicated, replicated),
+                   out_shardings=(split, None, replicated))
+    grads = jax.jit(jax.grad(loss_fn), in_shardings=(split, replicated, replicated),
+                    out_shardings=split)
+    return step, grads
+
+
+def _schedule_of(schedule: Schedule | ScheduleName, stages: int,
+                 microbatches: int | None) -> Schedule:
+    if isinstance(schedule, Schedule):
+        if microbatches not in (None, schedule.microbatches):
+            raise ValueError(f"microbatches={microbatches} contradicts the schedule's "
+                             f"{schedule.microbatches}; pass one or the other.")
+        return schedule
+    if microbatches is None:
+        raise ValueError(f"The {schedule!r} schedule needs microbatches (m); pass "
+                         f"microbatches=..., or a Schedule from make_schedule.")
+    return make_schedule(stages, _checks.count("microbatches", microbatches), schedule)
+
+
+def make_pipeline_parallel(params: Sequence[dict], mesh: Mesh,
+                           optimizer: optax.GradientTransformation | None = None, *,
+                           axis_name: str, automatic: bool = False,
+                           schedule: Schedule | ScheduleName = "gpipe",
+                           microbatches: int | None = None) -> Strategy:
+    """Pipeline parallelism of the residual MLP over ``axis_name``, one stage per device.
+
+    Args:
+        params: the unsharded blocks of :func:`clusterlab.models.init_mlp`; their number must
+            divide by the stages (the size of ``axis_name``).
+        mesh: the mesh.
+        optimizer: an element-wise ``optax`` optimizer (each stage updates its own blocks);
+            default :func:`clusterlab.models.make_optimizer`.
+        axis_name: the pipeline axis.
+        automatic: the single-device step under ``jax.jit``, the stacked blocks split over the
+            stages; no schedule, the compiler places the communication.
+        schedule: ``"gpipe"`` or ``"1f1b"`` (with ``microbatches``), or a :class:`Schedule`
+            from :func:`make_schedule` or any table of the same shape (a broken one, to see the
+            check against one device catch it). Hand-written step only.
+        microbatches: m, for a schedule given by name; B must divide by it.
+
+    Returns:
+        A :class:`~clusterlab.parallel._common.Strategy` named ``"pipeline/<schedule>"`` (or
+        ``"pipeline/jit"``): ``shard`` stacks the blocks into stages and puts stage ``s`` on
+        device ``s``; the batch is replicated; the loss f32[] is the mean squared error over the
+        whole batch, as :func:`clusterlab.models.mse_loss`.
+
+    Raises:
+        ValueError: when the blocks do not split into the stages, the schedule's stages differ
+            from the axis's devices, or it is interleaved (not executable).
+    """
+    stages = axes_size(mesh, axis_name)
+    check_divisible(len(params), stages, _BLOCKS_MESSAGE)
+    optimizer = optimizer_or_adam(optimizer)
+    if automatic:
+        if microbatches is not None or schedule != "gpipe":
+            raise ValueError("automatic=True runs no schedule; leave schedule and microbatches "
+                             "out, or use automatic=False.")
+        name, m = "pipeline/jit", 1
+        step, grads = _automatic_programs(mesh, axis_name, optimizer)
+    else:
+        table = _schedule_of(schedule, stages, microbatches)
+        name, m = f"pipeline/{table.name}", table.microbatches
+        step, grads = _manual_programs(mesh, axis_name, table, optimizer)
+    replicated = NamedSharding(mesh, P())
+
+    def place_batch(x, y):
+        check_divisible(x.shape[0], m, _MICROBATCH_MESSAGE)
+        return jax.device_put((x, y), replicated)  # f32[B, D], the whole batch on every stage
+
+    return Strategy(
+        name, mesh, (axis_name,), automatic, shard=lambda prm: shard_stages(prm, mesh, axis_name),
+        unshard=lambda stacked: unstack_stages(jax.device_get(stacked)),
+        init_opt_state=lambda stacked: opt_state_initializer(
+            optimizer, mesh, opt_state_specs(optimizer, stacked,
+                                             _stage_specs(stacked, axis_name)))(stacked),
+        place_batch=place_batch, step=step, loss_value=np.asarray,
+        grads=lambda stacked, x, y: unstack_stages(jax.device_get(grads(stacked, x, y))))
 
 
 def shard_stages(params: Sequence[dict], mesh: Mesh, axis_name: str) -> dict:
     """Stack the blocks into stages (:func:`stack_stages`) and put stage ``s`` on device ``s``."""
-    stacked = stack_stages(params, mesh.shape[axis_name])
+    stacked = stack_stages(params, axes_size(mesh, axis_name))
     return jax.tree.map(lambda a: devices.shard(a, mesh, P(axis_name)), stacked)
-
-
-def init_opt_state(optimizer: optax.GradientTransformation, stacked_params: dict) -> object:
-    """The optimizer state of the stage-sharded parameters, sharded like them."""
-    return jax.jit(optimizer.init)(stacked_params)
-
-
-def make_auto_train_step(mesh: Mesh, axis_name: str, *,
-                         optimizer: optax.GradientTransformation) -> Callable:
-    """The same model left to the compiler: stacked blocks sharded over stages, plain ``jit``.
-
-    The single-device step runs over the stacked parameters, whose block axis is split across
-    the ``axis_name`` devices with ``NamedSharding``. The compiler does not pipeline: it moves
-    the blocks' weights to where the whole batch is computed (count its collectives).
-
-    Returns:
-        ``step(stacked_params, opt_state, x, y) -> (stacked_params, opt_state, loss)``.
-    """
-    def forward(stacked, x):
-        flat = jax.tree.map(lambda a: a.reshape(-1, *a.shape[2:]), stacked)  # f32[L, ...]
-        x, _ = jax.lax.scan(lambda h, block: (models.mlp_block(block, h), None), x, flat)
-        return x
-
-    def step(params, opt_state, x, y):
-        loss, grads = jax.value_and_grad(models.mse_loss)(params, x, y, forward=forward)
-        updates, opt_state = optimizer.update(grads, opt_state, params)
-        return optax.apply_updates(params, updates), opt_state, loss
-
-    split = NamedSharding(mesh, P(axis_name))
-    replicated = NamedSharding(mesh, P())
-    return jax.jit(step, in_shardings=(split, None, replicated, replicated),
-                   out_shardings=(split, None, replicated))
-
-
-def train(params: Sequence[dict], batches: Sequence[tuple[jax.Array, jax.Array]], mesh: Mesh,
-          axis_name: str, *, microbatches: int, schedule: str = "gpipe",
-          optimizer: optax.GradientTransformation | None = None,
-          automatic: bool = False) -> tuple[list[dict], np.ndarray]:
-    """Train the MLP pipelined: the counterpart of :func:`clusterlab.models.reference_train`.
-
-    Args:
-        params: from :func:`clusterlab.models.init_mlp`; the number of blocks must divide by the
-            stages (the size of ``axis_name``).
-        batches: ``(x, y)`` pairs, f32[B, D] each; B must divide by ``microbatches``.
-        mesh: the mesh.
-        axis_name: the pipeline axis.
-        microbatches: m.
-        schedule: ``"gpipe"`` or ``"1f1b"``.
-        optimizer: default :func:`clusterlab.models.make_optimizer`.
-        automatic: run :func:`make_auto_train_step` instead (no schedule).
-
-    Returns:
-        ``(params, losses)``: the trained blocks as a list (NumPy arrays), and f32[n_steps].
-    """
-    stages = mesh.shape[axis_name]
-    batches = list(batches)
-    if not batches:
-        raise ValueError("train got no batches; pass at least one (x, y) pair.")
-    check_divisible(n_blocks=len(params), stages=stages, batch=batches[0][0].shape[0],
-                    microbatches=_checks.count("microbatches", microbatches))
-    optimizer = models.make_optimizer() if optimizer is None else optimizer
-    if automatic:
-        step = make_auto_train_step(mesh, axis_name, optimizer=optimizer)
-    else:
-        step = make_train_step(mesh, axis_name, make_schedule(stages, microbatches, schedule),
-                               optimizer=optimizer)
-    stacked = shard_stages(params, mesh, axis_name)
-    opt_state = init_opt_state(optimizer, stacked)
-    stacked, _, losses = models.run_steps(step, stacked, opt_state, batches)
-    return unstack_stages(jax.device_get(stacked)), losses
-
 
 def stash_bytes(schedule: Schedule, batch: int, d_model: int, *,
                 bytes_per_element: int = 4) -> int:
-    """Bytes of the activation stash of one stage in :func:`make_train_step`.
+    """Bytes of the activation stash of one stage in :func:`make_pipeline_parallel`'s step.
 
     ``stash_slots * (batch / m) * d_model * bytes_per_element``: the stashed inputs, one
     micro-batch each. (The gradients waiting, ``stash_slots()[1]`` micro-batches, are extra.)
     """
-    check_divisible(n_blocks=1, stages=1, batch=batch, microbatches=schedule.microbatches)
+    check_divisible(batch, schedule.microbatches, _MICROBATCH_MESSAGE)
     slots, _ = schedule.stash_slots()
     return slots * (batch // schedule.microbatches) * d_model * bytes_per_element

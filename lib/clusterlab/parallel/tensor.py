@@ -27,17 +27,32 @@ References:
 
 from __future__ import annotations
 
-from typing import Callable, NamedTuple, Sequence
+from typing import Callable, Literal, NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import Mesh, PartitionSpec as P
 
 from clusterlab import collectives, devices, models
+from clusterlab.parallel._common import (Params, Strategy, axes_size, check_divisible,
+                                         named, opt_state_initializer, opt_state_specs,
+                                         optimizer_or_adam, to_host, train)
 
-Params = object
-MODELS = ("mlp", "transformer")
+__all__ = ["MEGATRON", "MegatronOps", "Strategy", "attention", "check_params",
+           "make_tensor_parallel", "mlp_block", "mlp_forward", "param_specs", "shard_params",
+           "train", "transformer_block"]
+
+Model = Literal["mlp", "transformer"]
+_HIDDEN_MESSAGE = (
+    "Tensor parallelism splits the MLP's hidden width over the devices: d_hidden = {size} does "
+    "not divide by {parts} devices. Use a d_hidden that is a multiple of {parts} (e.g. "
+    "{multiple}) or a device count that divides {size}.")
+_HEADS_MESSAGE = (
+    "Tensor parallelism gives each device whole attention heads: n_heads = {size} does not "
+    "divide by {parts} devices. Use a number of heads that is a multiple of {parts}, or a device "
+    "count that divides {size}.")
 
 
 class MegatronOps(NamedTuple):
@@ -54,27 +69,7 @@ class MegatronOps(NamedTuple):
 MEGATRON = MegatronOps(collectives.copy_to_model_parallel, collectives.reduce_from_model_parallel)
 
 
-def check_divisible(*, tp: int, d_hidden: int | None = None, n_heads: int | None = None) -> None:
-    """Raise a ValueError unless the hidden width and the heads split evenly over ``tp`` devices.
-
-    Args:
-        tp: devices on the tensor-parallel axis.
-        d_hidden: H, the MLP's hidden width (w1's columns, w2's rows).
-        n_heads: the number of attention heads.
-    """
-    if d_hidden is not None and d_hidden % tp:
-        raise ValueError(
-            f"Tensor parallelism splits the MLP's hidden width over the devices: d_hidden = "
-            f"{d_hidden} does not divide by {tp} devices. Use a d_hidden that is a multiple of "
-            f"{tp} (e.g. {(d_hidden // tp + 1) * tp}) or a device count that divides {d_hidden}.")
-    if n_heads is not None and n_heads % tp:
-        raise ValueError(
-            f"Tensor parallelism gives each device whole attention heads: n_heads = {n_heads} "
-            f"does not divide by {tp} devices. Use a number of heads that is a multiple of {tp}, "
-            f"or a device count that divides {n_heads}.")
-
-
-def _model_of(params: Params) -> str:
+def _model_of(params: Params) -> Model:
     if isinstance(params, dict) and "wq" in params:
         return "transformer"
     if isinstance(params, (list, tuple)) and params and "w1" in params[0]:
@@ -108,19 +103,30 @@ def param_specs(params: Params, axis_name: str) -> Params:
     return [spec_of(block) for block in params]
 
 
-def _check_params(params: Params, tp: int) -> str:
+def check_params(params: Params, tp: int) -> Model:
+    """Raise a ValueError unless every hidden width and the heads split over ``tp`` devices.
+
+    Args:
+        params: from :func:`clusterlab.models.init_mlp` or
+            :func:`clusterlab.models.init_transformer_block` (or one decoder layer of the same
+            keys).
+        tp: devices on the tensor-parallel axis.
+
+    Returns:
+        The model: ``"mlp"`` or ``"transformer"``.
+    """
     kind = _model_of(params)
     blocks = [params] if kind == "transformer" else list(params)
     for block in blocks:
-        check_divisible(tp=tp, d_hidden=block["w1"].shape[1])
+        check_divisible(block["w1"].shape[1], tp, _HIDDEN_MESSAGE)
     if kind == "transformer":
-        check_divisible(tp=tp, n_heads=params["wq"].shape[1])
+        check_divisible(params["wq"].shape[1], tp, _HEADS_MESSAGE)
     return kind
 
 
 def shard_params(params: Params, mesh: Mesh, axis_name: str) -> Params:
     """Place ``params`` on ``mesh`` split as :func:`param_specs` says, after checking sizes."""
-    _check_params(params, mesh.shape[axis_name])
+    check_params(params, axes_size(mesh, axis_name))
     return jax.tree.map(lambda leaf, spec: devices.shard(leaf, mesh, spec), params,
                         param_specs(params, axis_name))
 
@@ -209,7 +215,8 @@ def transformer_block(params: dict, x: jax.Array, axis_name: str, *,
     return _mlp_residual(params, normed, h, axis_name, ops)
 
 
-def _local_loss_and_grad(kind: str, axis_name: str, ops: MegatronOps) -> Callable:
+
+def _local_loss_and_grad(kind: Model, axis_name: str, ops: MegatronOps) -> Callable:
     """``(params, x, y) -> (loss, grads)`` on this device's shards (inside shard_map)."""
     model = transformer_block if kind == "transformer" else mlp_forward
 
@@ -219,75 +226,23 @@ def _local_loss_and_grad(kind: str, axis_name: str, ops: MegatronOps) -> Callabl
     return jax.value_and_grad(loss)
 
 
-def make_grad_fn(params: Params, mesh: Mesh, axis_name: str, *, ops: MegatronOps = MEGATRON,
-                 check_vma: bool = True) -> Callable:
-    """The loss and gradients of one tensor-parallel step, to check against one device.
-
-    A wrong factor in a gradient (a ``psum`` transposed into another ``psum``: ``t`` times too
-    large) hides behind Adam, which divides it out; compared here, before any optimizer, it
-    shows as a relative difference of order one.
-
-    Args:
-        params: the (unsharded or sharded) parameters, to read the model and its shapes.
-        mesh: the mesh; ``axis_name`` is the tensor-parallel axis.
-        axis_name: the tensor-parallel axis.
-        ops: Megatron's ``f`` and ``g``; swap one out to see the check catch it.
-        check_vma: shard_map's replication checking; on by default, off only to show what a
-            bare ``psum`` does without it.
-
-    Returns:
-        ``grads(params, x, y) -> (loss, grads)``: ``params`` sharded (:func:`shard_params`),
-        ``x``, ``y`` f32[B, ...] replicated, ``loss`` f32[], ``grads`` shaped and sharded like
-        ``params`` (``jax.device_get`` them to compare with ``jax.grad`` of the reference).
-    """
-    kind = _check_params(params, mesh.shape[axis_name])
-    specs = param_specs(params, axis_name)
-    return jax.jit(jax.shard_map(_local_loss_and_grad(kind, axis_name, ops), mesh=mesh,
-                                 in_specs=(specs, P(), P()), out_specs=(P(), specs),
-                                 check_vma=_check_vma(check_vma, mesh, axis_name)))
-
-
 def _check_vma(requested: bool, mesh: Mesh, axis_name: str) -> bool:
     # On one device f and g skip their (empty) communication, so g's output keeps the type of a
     # per-device value; nothing is replicated across one device, so there is nothing to check.
     return requested and mesh.shape[axis_name] > 1
 
 
-def _opt_state_specs(optimizer: optax.GradientTransformation, params: Params,
-                     specs: Params) -> object:
-    state_shapes = jax.eval_shape(optimizer.init, params)
-    return optax.tree_map_params(optimizer, lambda _, spec: spec, state_shapes, specs,
-                                 transform_non_params=lambda _: P(),
-                                 is_leaf=lambda v: isinstance(v, P))
-
-
-def make_train_step(params: Params, mesh: Mesh, axis_name: str, *,
-                    optimizer: optax.GradientTransformation, ops: MegatronOps = MEGATRON,
-                    check_vma: bool = True) -> Callable:
-    """A jitted tensor-parallel training step written with ``jax.shard_map``.
+def _manual_programs(kind: Model, mesh: Mesh, axis_name: str,
+                     optimizer: optax.GradientTransformation, specs: Params, state_specs: Params,
+                     ops: MegatronOps, check_vma: bool) -> tuple[Callable, Callable]:
+    """The ``shard_map`` step and the gradients it computes, with Megatron's ``f`` and ``g``.
 
     Each device holds its shards of the parameters and of Adam's moments, and the whole batch.
-    It runs the forward and backward pass with the Megatron all-reduces, then updates its own
-    shards (Adam acts element by element, so no further communication). The loss is the mean
-    squared error of :func:`clusterlab.models.mse_loss`.
-
-    Args:
-        params: the (unsharded or sharded) parameters, to read the model and its shapes.
-        mesh: the mesh; ``axis_name`` is the tensor-parallel axis.
-        axis_name: the tensor-parallel axis.
-        optimizer: an ``optax`` optimizer that acts element by element (Adam, SGD).
-        ops: Megatron's ``f`` and ``g`` (default :data:`MEGATRON`).
-        check_vma: shard_map's replication checking (see :func:`make_grad_fn`).
-
-    Returns:
-        ``step(params, opt_state, x, y) -> (params, opt_state, loss)`` with ``params`` and
-        ``opt_state`` sharded (see :func:`shard_params` and :func:`init_opt_state`), ``x``, ``y``
-        f32[B, ...] replicated, ``loss`` f32[].
+    It runs the forward and backward pass with the all-reduces, then updates its own shards
+    (Adam acts element by element, so no further communication).
     """
-    kind = _check_params(params, mesh.shape[axis_name])
-    specs = param_specs(params, axis_name)
-    state_specs = _opt_state_specs(optimizer, params, specs)
     loss_and_grad = _local_loss_and_grad(kind, axis_name, ops)
+    vma = _check_vma(check_vma, mesh, axis_name)
 
     def local_step(params, opt_state, x, y):
         # params, opt_state: this device's shards; x, y: f32[B, ...] whole batch on every device
@@ -297,67 +252,82 @@ def make_train_step(params: Params, mesh: Mesh, axis_name: str, *,
 
     # check_vma=True: JAX checks that the loss and the replicated parameters (b2, LayerNorm) are
     # the same on every device, as out_specs P() claims, and transposes f and g correctly.
-    return jax.jit(jax.shard_map(
+    step = jax.jit(jax.shard_map(
         local_step, mesh=mesh, in_specs=(specs, state_specs, P(), P()),
-        out_specs=(specs, state_specs, P()), check_vma=_check_vma(check_vma, mesh, axis_name)))
+        out_specs=(specs, state_specs, P()), check_vma=vma))
+    # the loss stays an output, so that a missing g is refused where the partial loss is
+    # declared replicated, as in the step
+    loss_and_grads = jax.jit(jax.shard_map(loss_and_grad, mesh=mesh, in_specs=(specs, P(), P()),
+                                           out_specs=(P(), specs), check_vma=vma))
+    return step, lambda params, x, y: loss_and_grads(params, x, y)[1]
 
 
-def init_opt_state(optimizer: optax.GradientTransformation, sharded_params: Params) -> object:
-    """The optimizer state of sharded parameters, sharded like them (Adam's moments split)."""
-    return jax.jit(optimizer.init)(sharded_params)
-
-
-def make_auto_train_step(params: Params, mesh: Mesh, axis_name: str, *,
-                         optimizer: optax.GradientTransformation) -> Callable:
-    """The same step left to the compiler: the single-device step under ``jax.jit``.
-
-    The parameters come in split as :func:`param_specs` says (``NamedSharding``), the batch
-    replicated; XLA's sharding propagation decides where to communicate.
-
-    Returns:
-        ``step(params, opt_state, x, y) -> (params, opt_state, loss)``, like
-        :func:`make_train_step`.
-    """
-    kind = _check_params(params, mesh.shape[axis_name])
+def _automatic_programs(kind: Model, mesh: Mesh, optimizer: optax.GradientTransformation,
+                        specs: Params, state_specs: Params) -> tuple[Callable, Callable]:
+    """The single-device step under ``jax.jit``, parameters split as ``specs``, batch replicated;
+    XLA's sharding propagation decides where to communicate."""
     forward = models.transformer_block if kind == "transformer" else models.mlp_forward
-    specs = param_specs(params, axis_name)
-    param_shardings = jax.tree.map(lambda s: NamedSharding(mesh, s), specs,
-                                   is_leaf=lambda v: isinstance(v, P))
-    state_shardings = jax.tree.map(lambda s: NamedSharding(mesh, s),
-                                   _opt_state_specs(optimizer, params, specs),
-                                   is_leaf=lambda v: isinstance(v, P))
-    replicated = NamedSharding(mesh, P())
 
-    def step(params, opt_state, x, y):
-        loss, grads = jax.value_and_grad(models.mse_loss)(params, x, y, forward=forward)
-        updates, opt_state = optimizer.update(grads, opt_state, params)
-        return optax.apply_updates(params, updates), opt_state, loss
+    def loss_fn(params, x, y):
+        return models.mse_loss(params, x, y, forward=forward)
 
-    return jax.jit(step, in_shardings=(param_shardings, state_shardings, replicated, replicated),
+    param_shardings, replicated = named(mesh, specs), named(mesh, P())
+    state_shardings = named(mesh, state_specs)
+    step = jax.jit(models.make_train_step(loss_fn, optimizer),
+                   in_shardings=(param_shardings, state_shardings, replicated, replicated),
                    out_shardings=(param_shardings, state_shardings, replicated))
+    grads = jax.jit(jax.grad(loss_fn), in_shardings=(param_shardings, replicated, replicated),
+                    out_shardings=param_shardings)
+    return step, grads
 
 
-def train(params: Params, batches: Sequence[tuple[jax.Array, jax.Array]], mesh: Mesh,
-          axis_name: str, *, optimizer: optax.GradientTransformation | None = None,
-          automatic: bool = False) -> tuple[Params, jax.Array]:
-    """Train with tensor parallelism: the counterpart of :func:`clusterlab.models.reference_train`.
+def make_tensor_parallel(params: Params, mesh: Mesh,
+                         optimizer: optax.GradientTransformation | None = None, *,
+                         axis_name: str, automatic: bool = False, ops: MegatronOps = MEGATRON,
+                         check_vma: bool = True) -> Strategy:
+    """Megatron tensor parallelism of the residual MLP or a transformer block over ``axis_name``.
+
+    The loss is the mean squared error of :func:`clusterlab.models.mse_loss`. The data is
+    replicated along the axis (every device sees the whole batch); the weights, their gradients
+    and the optimizer state are split as :func:`param_specs` says.
 
     Args:
-        params: initial parameters (unsharded).
-        batches: ``(x, y)`` pairs, each the whole batch.
-        mesh: the mesh; ``axis_name`` is the tensor-parallel axis.
+        params: the unsharded parameters of :func:`clusterlab.models.init_mlp` or
+            :func:`clusterlab.models.init_transformer_block`, to read the model and its shapes.
+        mesh: the mesh.
+        optimizer: an ``optax`` optimizer that acts element by element (Adam, SGD); default
+            :func:`clusterlab.models.make_optimizer`.
         axis_name: the tensor-parallel axis.
-        optimizer: default :func:`clusterlab.models.make_optimizer` (Adam, 1e-3).
-        automatic: use :func:`make_auto_train_step` instead of the shard_map step.
+        automatic: the single-device step under ``jax.jit`` with the same shardings; the
+            compiler places the communication.
+        ops: Megatron's ``f`` and ``g`` (default :data:`MEGATRON`); swap one out to see the
+            check against one device catch it. Hand-written step only.
+        check_vma: shard_map's replication checking; on by default, off only to show what a
+            bare ``psum`` does without it. Hand-written step only.
 
     Returns:
-        ``(params, losses)``: the trained parameters, still sharded (``jax.device_get`` them to
-        compare with the reference's), and the losses, a NumPy f32[n_steps] on the host.
+        A :class:`~clusterlab.parallel._common.Strategy` named ``"tensor"`` (or
+        ``"tensor/jit"``); its batch is replicated and its loss is f32[].
+
+    Raises:
+        ValueError: when the hidden width or the heads do not split over the axis, or
+            ``automatic`` is combined with ``ops`` or ``check_vma``.
     """
-    optimizer = models.make_optimizer() if optimizer is None else optimizer
-    maker = make_auto_train_step if automatic else make_train_step
-    step = maker(params, mesh, axis_name, optimizer=optimizer)
-    params = shard_params(params, mesh, axis_name)
-    opt_state = init_opt_state(optimizer, params)
-    params, _, losses = models.run_steps(step, params, opt_state, batches)
-    return params, losses
+    kind = check_params(params, axes_size(mesh, axis_name))
+    optimizer = optimizer_or_adam(optimizer)
+    specs = param_specs(params, axis_name)
+    state_specs = opt_state_specs(optimizer, params, specs)
+    if automatic:
+        if ops is not MEGATRON or not check_vma:
+            raise ValueError("ops and check_vma belong to the hand-written step; with "
+                             "automatic=True the compiler places the communication.")
+        step, grads = _automatic_programs(kind, mesh, optimizer, specs, state_specs)
+    else:
+        step, grads = _manual_programs(kind, mesh, axis_name, optimizer, specs, state_specs,
+                                       ops, check_vma)
+    replicated = named(mesh, P())
+    return Strategy("tensor/jit" if automatic else "tensor", mesh, (axis_name,), automatic,
+                    shard=lambda prm: shard_params(prm, mesh, axis_name), unshard=to_host,
+                    init_opt_state=opt_state_initializer(optimizer, mesh, state_specs),
+                    place_batch=lambda x, y: jax.device_put((x, y), replicated), step=step,
+                    grads=lambda prm, x, y: to_host(grads(prm, x, y)), loss_value=np.asarray)
