@@ -258,13 +258,12 @@ def test_storage_network_is_a_fraction_of_the_back_end():
 def test_reference_fabric_is_named_for_what_it_is():
     pod = hardware.fabric("SuperPOD B200 4SU")
     assert isinstance(pod, hardware.ReferenceFabric)
-    assert hardware.Fabric is hardware.ReferenceFabric   # the former name, for topology's docs
     assert pod.nodes_per_group * pod.n_groups == 128   # 4 SUs of 32 DGX B200
 
 
 def test_memory_is_the_measured_total_where_a_source_gives_it():
-    # nvidia-smi's totals in MiB (H100: NVIDIA/nccl#1264; A100 80GB and H200: Modal's NVML table).
-    for name, mib, marketed_gb in (("H100", 81559, 80), ("A100", 81920, 80), ("H200", 143771, 141)):
+    # nvidia-smi's totals in MiB (H100: NVIDIA/nccl#1264 and modal-client PR 2797; A100 80GB: the PR).
+    for name, mib, marketed_gb in (("H100", 81559, 80), ("A100", 81920, 80)):
         spec = hardware.gpu(name)
         assert spec.memory_bytes == mib * 2**20
         assert spec.marketed_memory_bytes == marketed_gb * 1e9

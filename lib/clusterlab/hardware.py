@@ -71,9 +71,7 @@ GPUS: dict[str, GPU] = {
             nvlink_bytes_per_s=300e9, nvlink_generation=3,
             source="NVIDIA A100 datasheet (80GB SXM; PCIe Gen4; no FP8; max TDP 400 W) "
                    "[nvidia_a100_datasheet]; memory: 80 GB as marketed, 81,920 MiB (80 GiB) as "
-                   "nvidia-smi reports it (Modal's table of NVML totals, "
-                   "https://thundergolfer.com/blog/nvidia-gpu-memory-capacity; "
-                   "modal-labs/modal-client PR 2797)",
+                   "nvidia-smi reports it [modal_client_pr2797]",
             pcie="PCIe4x16", tdp_w=400.0),
         GPU("H100", memory_bytes=81559 * 2**20, marketed_memory_bytes=80e9,
             hbm_bytes_per_s=3.35e12, bf16_flops=989e12,
@@ -83,13 +81,12 @@ GPUS: dict[str, GPU] = {
                    "memory: 80 GB as marketed, 81,559 MiB as nvidia-smi reports each 'H100 80GB "
                    "HBM3' [nccl_issue1264]",
             fp8_flops=1979e12, tdp_w=700.0),
-        GPU("H200", memory_bytes=143771 * 2**20, marketed_memory_bytes=141e9,
+        GPU("H200", memory_bytes=141e9, marketed_memory_bytes=141e9,
             hbm_bytes_per_s=4.8e12, bf16_flops=989e12,
             nvlink_bytes_per_s=450e9, nvlink_generation=4,
             source="NVIDIA H200 datasheet (SXM; 3,958 TFLOPS FP8 with sparsity, half dense; max "
                    "TDP up to 700 W) [nvidia_h200_datasheet]; memory: 141 GB as marketed, "
-                   "143,771 MiB as nvidia-smi reports it (Modal's table of NVML totals, "
-                   "https://thundergolfer.com/blog/nvidia-gpu-memory-capacity)",
+                   "no nvidia-smi total of the H200 found to cite",
             fp8_flops=1979e12, tdp_w=700.0),
         GPU("B200", memory_bytes=180e9, hbm_bytes_per_s=8e12, bf16_flops=2.25e15,
             nvlink_bytes_per_s=900e9, nvlink_generation=5,
@@ -532,11 +529,6 @@ FABRICS: dict[str, ReferenceFabric] = {
                    "node-leaf and 1024 leaf-spine cables, NDR 400 Gb/s [nvidia_superpod_b200_ra]"),
     )
 }
-
-
-#: The former name, kept because ``clusterlab.topology`` (another module's docstring) still
-#: names ``hardware.Fabric``; use :class:`ReferenceFabric`.
-Fabric = ReferenceFabric
 
 
 def fabric(name: str) -> ReferenceFabric:

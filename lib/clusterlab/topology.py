@@ -362,7 +362,7 @@ def from_fabric(spec, *, nvlink: bool = False) -> nx.Graph:
     """Build the rail-optimized graph of a vendor reference fabric from :mod:`clusterlab.hardware`.
 
     Args:
-        spec: a :class:`clusterlab.hardware.Fabric` or its name (e.g. ``"SuperPOD B200 4SU"``).
+        spec: a :class:`clusterlab.hardware.ReferenceFabric` or its name (e.g. ``"SuperPOD B200 4SU"``).
         nvlink: include each server's NVSwitch at the node's NVLink bandwidth.
 
     Returns:
