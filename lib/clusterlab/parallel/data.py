@@ -18,7 +18,7 @@ The three forms build the same step and differ in who writes the communication:
   inserts it. Lab 03 runs the three side by side, which is why ``form`` stays beside
   ``automatic`` here: the two hand-written forms differ in the code a reader writes.
 
-:func:`make_data_parallel` returns the :class:`~clusterlab.parallel._common.Strategy` every
+:func:`make_data_parallel` returns the :class:`~clusterlab.parallel.Strategy` every
 strategy module returns; :func:`train` (the one of :mod:`clusterlab.parallel`) runs N steps
 like ``reference_train``. Its ``grads`` returns the gradient each device hands its optimizer,
 one row per device (to check against :func:`clusterlab.models.reference_gradients`, where a
@@ -258,7 +258,7 @@ def make_data_parallel(loss_fn: LossFn, mesh: Mesh,
             times the gradient (the bug a check of the gradients catches).
 
     Returns:
-        The :class:`~clusterlab.parallel._common.Strategy`, named ``"data/pmap"``,
+        The :class:`~clusterlab.parallel.Strategy`, named ``"data/pmap"``,
         ``"data/shard_map"`` or ``"data/jit"``; its ``grads`` has one row per device.
 
     Raises:

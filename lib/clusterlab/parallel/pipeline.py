@@ -287,7 +287,7 @@ def make_pipeline_parallel(params: Sequence[dict], mesh: Mesh,
         microbatches: m, for a schedule given by name; B must divide by it.
 
     Returns:
-        A :class:`~clusterlab.parallel._common.Strategy` named ``"pipeline/<schedule>"`` (or
+        A :class:`~clusterlab.parallel.Strategy` named ``"pipeline/<schedule>"`` (or
         ``"pipeline/jit"``): ``shard`` stacks the blocks into stages and puts stage ``s`` on
         device ``s``; the batch is replicated; the loss f32[] is the mean squared error over the
         whole batch, as :func:`clusterlab.models.mse_loss`.

@@ -255,7 +255,7 @@ def make_sharded_data_parallel(params: Sequence[dict], mesh: Mesh,
             gradient not divided by p; only the hand-written step has the choice.
 
     Returns:
-        A :class:`~clusterlab.parallel._common.Strategy` named ``"zero<stage>"`` (or
+        A :class:`~clusterlab.parallel.Strategy` named ``"zero<stage>"`` (or
         ``"zero<stage>/jit"``): ``shard`` flattens the blocks to f32[L, F] split along F
         (stage 3) or replicated, ``init_opt_state`` splits Adam's state along F (stages >= 1),
         the step's loss is f32[p] (each device's on its batch shard; ``loss_value`` averages).

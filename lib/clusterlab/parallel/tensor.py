@@ -306,7 +306,7 @@ def make_tensor_parallel(params: Params, mesh: Mesh,
             bare ``psum`` does without it. Hand-written step only.
 
     Returns:
-        A :class:`~clusterlab.parallel._common.Strategy` named ``"tensor"`` (or
+        A :class:`~clusterlab.parallel.Strategy` named ``"tensor"`` (or
         ``"tensor/jit"``); its batch is replicated and its loss is f32[].
 
     Raises:

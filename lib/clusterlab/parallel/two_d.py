@@ -106,7 +106,7 @@ def make_2d_parallel(params: Sequence[dict], mesh: Mesh,
             missing 1/dp, for a negative control. Hand-written step only.
 
     Returns:
-        A :class:`~clusterlab.parallel._common.Strategy` named ``"2d"`` (or ``"2d/jit"``),
+        A :class:`~clusterlab.parallel.Strategy` named ``"2d"`` (or ``"2d/jit"``),
         ``axis_names`` ``(data_axis, model_axis)``: ``shard`` splits the weights over
         ``model_axis`` (replicated over ``data_axis``), ``place_batch`` splits f32[B, D] over
         ``data_axis``; the hand-written step's loss is f32[dp], each data shard's.
