@@ -28,7 +28,7 @@ Units: bytes, seconds, FLOPs, bytes/s per direction (1 GB = 1e9 bytes).
 """
 
 from clusterlab.plan.fabric_comparison import (FABRIC_CLUSTERS, FABRIC_JOB, DataParallelJob,
-                                               FabricCluster, fabric_step, network_to_match)
+                                               fabric_step, network_to_match)
 from clusterlab.plan.power import (PUE_HYPERSCALE, PUE_INDUSTRY_AVERAGE, cluster_power_w,
                                    facility_power_w, gpus_within_power,
                                    peak_flops_per_facility_w)
@@ -43,7 +43,7 @@ from clusterlab.plan.workload import Assumptions, Layout, Workload, cluster
 
 __all__ = [
     "BACKWARD_FRACTION", "BACKWARD_FRACTION_RECOMPUTE", "BYTES_PER_VALUE", "FABRIC_CLUSTERS",
-    "FABRIC_JOB", "PUE_HYPERSCALE", "PUE_INDUSTRY_AVERAGE", "Assumptions", "DataParallelJob", "FabricCluster",
+    "FABRIC_JOB", "PUE_HYPERSCALE", "PUE_INDUSTRY_AVERAGE", "Assumptions", "DataParallelJob",
     "Layout", "Plan", "StepTime", "Workload", "best_plan", "candidate_layouts", "cluster",
     "cluster_power_w", "data_parallel_step", "default_shape", "describe_plan", "dp_all_reduce",
     "dp_all_reduce_s", "fabric_step", "facility_power_w", "format_plans", "gpus_needed",

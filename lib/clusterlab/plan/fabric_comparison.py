@@ -54,25 +54,6 @@ class DataParallelJob:
         return flops.transformer_flops_per_token(self.n_params, n_layers, self.seq_len, d_model)
 
 
-def FabricCluster(name: str, gpu: str, n_gpus: int, nic: str, nics_per_node: int,  # noqa: N802
-                  gpus_per_node: int = 8) -> ClusterSpec:
-    """Compatibility constructor (chapter 01 calls it): a :class:`clusterlab.hardware.ClusterSpec`
-    of ``n_gpus`` GPUs in nodes of ``gpus_per_node`` with ``nics_per_node`` ports ``nic``.
-
-    New code builds the spec directly, or derives it from one of :data:`FABRIC_CLUSTERS` with
-    :func:`dataclasses.replace`.
-
-    Raises:
-        ValueError: for unknown names, or GPUs that are not whole nodes.
-    """
-    per_node = count("gpus_per_node", gpus_per_node)
-    if count("n_gpus", n_gpus) % per_node:
-        raise ValueError(f"n_gpus ({n_gpus}) must be whole nodes of {per_node} GPUs; "
-                         f"use {per_node * math.ceil(n_gpus / per_node)}.")
-    return ClusterSpec(gpu, n_nodes=n_gpus // per_node, gpus_per_node=per_node, nic=nic,
-                       nics_per_node=count("nics_per_node", nics_per_node), name=name)
-
-
 def fabric_step(job: DataParallelJob, cluster: ClusterSpec, *, overlap: float = 0.0,
                 network_bytes_per_s: float | None = None) -> StepTime:
     """One data-parallel step of ``job`` on every GPU of ``cluster``: compute plus the exposed
