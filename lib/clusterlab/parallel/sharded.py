@@ -59,7 +59,7 @@ from clusterlab import collectives, costmodel, devices, models
 from clusterlab.memory import ZERO_STAGES
 from clusterlab.parallel._common import (Reduction, Strategy, axes_size, check_divisible,
                                          check_reduce, named, opt_state_initializer,
-                                         opt_state_specs, optimizer_or_adam,
+                                         opt_state_specs, optimizer_or_adam, to_host,
                                          train, update)
 
 __all__ = ["ZERO_STAGES", "Strategy", "flatten_blocks", "make_sharded_data_parallel",
@@ -290,11 +290,11 @@ def make_sharded_data_parallel(params: Sequence[dict], mesh: Mesh,
         f"zero{zero_stage}" + ("/jit" if automatic else ""), mesh, (axis_name,), automatic,
         shard=lambda blocks: devices.shard(flatten_blocks(blocks)[0], mesh,
                                            _param_spec(zero_stage, axis_name)),
-        unshard=lambda flat: unflatten_blocks(np.asarray(jax.device_get(flat)), unravel),
+        unshard=lambda flat: to_host(unflatten_blocks(jax.device_get(flat), unravel)),
         init_opt_state=opt_state_initializer(optimizer, mesh, state_specs),
         place_batch=_batch_placer(mesh, axis_name), step=step,
-        grads=lambda flat, x, y: unflatten_blocks(np.asarray(jax.device_get(grads(flat, x, y))),
-                                                  unravel),
+        grads=lambda flat, x, y: to_host(unflatten_blocks(jax.device_get(grads(flat, x, y)),
+                                                          unravel)),
         loss_value=np.mean)
 
 
