@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Literal, TypeAlias
+from typing import Any, Callable, Iterable, Literal, TypeAlias, get_args
 
 import jax
 import numpy as np
@@ -34,9 +34,10 @@ from clusterlab.devices import axis_size
 Params: TypeAlias = Any
 AxisNames: TypeAlias = str | tuple[str, ...]
 Reduction = Literal["mean", "sum"]
-REDUCTIONS = ("mean", "sum")
+REDUCTIONS = get_args(Reduction)
 LossFn = Callable[..., jax.Array]
-Step = Callable[..., tuple[Params, Any, jax.Array]]  # (params, opt_state, x, y) -> (.., .., loss)
+# step(params, opt_state, x, y) -> (params, opt_state, loss)
+Step = Callable[..., tuple[Params, Any, jax.Array]]
 
 
 @dataclass(frozen=True)
