@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from clusterlab import collectives, decode, memory, models, serving
+from clusterlab import collectives, decode, devices, memory, models, serving
 from clusterlab.parallel import tensor
 from conftest import sub_mesh
 
@@ -107,7 +107,7 @@ def test_tensor_parallel_all_reduces_per_token(params, prompt, tp):
     mesh = sub_mesh(tp, AXIS)
     sharded = decode.shard_params(params, mesh, AXIS)
     logits, cache = decode.make_tp_prefill(params, mesh, AXIS)(sharded, prompt)
-    assert set(memory.per_device_bytes(cache).values()) == {
+    assert set(devices.per_device_bytes(cache).values()) == {
         memory.kv_cache_bytes(L, NH, D // NH, S, B, bytes_per_value=4) // tp}
     step = decode.make_tp_decode_step(params, mesh, AXIS)
     token = jnp.argmax(logits[:, -1], axis=-1).astype(jnp.int32)

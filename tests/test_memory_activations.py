@@ -41,7 +41,7 @@ def test_per_device_bytes_replicated_and_split():
     mesh = sub_mesh(4, "data")
     split = devices.shard(jnp.zeros((8, 16), jnp.float32), mesh, P("data"))
     replicated = devices.shard(jnp.zeros((10,), jnp.float32), mesh, P())
-    measured = memory.per_device_bytes({"a": split, "b": replicated})
+    measured = devices.per_device_bytes({"a": split, "b": replicated})
     assert measured == {d.id: 8 * 16 * 4 // 4 + 40 for d in mesh.devices.flat}
     with pytest.raises(ValueError, match="jax.Array"):
-        memory.per_device_bytes([1.0])
+        devices.per_device_bytes([1.0])

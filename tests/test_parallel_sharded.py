@@ -11,7 +11,7 @@ import optax
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from clusterlab import check, collectives, costmodel, memory, models
+from clusterlab import check, collectives, costmodel, devices, memory, models
 from clusterlab.parallel import sharded
 from conftest import reference_run, sub_mesh
 
@@ -68,7 +68,7 @@ def test_compiled_bytes_equal_formula_and_shard_bytes_equal_memory_model(stage, 
     if stage == 3:  # one all-gather per block forward, one backward, one reduce-scatter
         assert kinds["all-gather"].n_ops == 2 * N_BLOCKS
         assert kinds["reduce-scatter"].n_ops == N_BLOCKS
-    measured = memory.per_device_bytes((flat, opt_state))
+    measured = devices.per_device_bytes((flat, opt_state))
     assert len(measured) == n
     expected = memory.training_memory_per_device(n_params, n, stage, bytes_param=4, bytes_grad=0,
                                                  optimizer_bytes_per_param=8)

@@ -198,3 +198,28 @@ def shard(x: jax.typing.ArrayLike, mesh: Mesh, spec: PartitionSpec) -> jax.Array
     """Place ``x`` on ``mesh`` split as ``spec``, after checking that it divides."""
     check_divides(np.shape(x), mesh, spec)
     return jax.device_put(x, NamedSharding(mesh, spec))
+
+
+def per_device_bytes(tree) -> dict[int, int]:
+    """Bytes each device actually holds for a pytree of (sharded) JAX arrays.
+
+    Reads every leaf's ``addressable_shards``: a replicated array counts in full on every device,
+    an array split ``p`` ways counts ``1/p`` on each. This is the measurement that
+    :func:`clusterlab.memory.training_memory_per_device` predicts (for the arrays you pass: parameters, optimizer
+    state, gradients).
+
+    Args:
+        tree: a pytree whose leaves are ``jax.Array`` s (e.g. ``(params, opt_state)``).
+
+    Returns:
+        ``{device id: bytes}`` for every device holding a shard of any leaf.
+    """
+    totals: dict[int, int] = {}
+    for leaf in jax.tree_util.tree_leaves(tree):
+        shards = getattr(leaf, "addressable_shards", None)
+        if shards is None:
+            raise ValueError(f"per_device_bytes needs jax.Array leaves, got {type(leaf).__name__}; "
+                             "place the tree on devices first (jax.device_put).")
+        for shard in shards:
+            totals[shard.device.id] = totals.get(shard.device.id, 0) + int(shard.data.nbytes)
+    return totals

@@ -165,33 +165,6 @@ def transformer_layer_activation_bytes(seq_len: int, micro_batch: int, hidden: i
     return float(s * b * h * (rest + attention_scores))
 
 
-def per_device_bytes(tree) -> dict[int, int]:
-    """Bytes each device actually holds for a pytree of (sharded) JAX arrays.
-
-    Reads every leaf's ``addressable_shards``: a replicated array counts in full on every device,
-    an array split ``p`` ways counts ``1/p`` on each. This is the measurement that
-    :func:`training_memory_per_device` predicts (for the arrays you pass: parameters, optimizer
-    state, gradients).
-
-    Args:
-        tree: a pytree whose leaves are ``jax.Array`` s (e.g. ``(params, opt_state)``).
-
-    Returns:
-        ``{device id: bytes}`` for every device holding a shard of any leaf.
-    """
-    from jax import tree_util  # imported here: this module stays importable without JAX work
-
-    totals: dict[int, int] = {}
-    for leaf in tree_util.tree_leaves(tree):
-        shards = getattr(leaf, "addressable_shards", None)
-        if shards is None:
-            raise ValueError(f"per_device_bytes needs jax.Array leaves, got {type(leaf).__name__}; "
-                             "place the tree on devices first (jax.device_put).")
-        for shard in shards:
-            totals[shard.device.id] = totals.get(shard.device.id, 0) + int(shard.data.nbytes)
-    return totals
-
-
 def kv_cache_bytes(n_layers: int, n_kv_heads: int, head_dim: int, seq_len: int, batch: int,
                    bytes_per_value: float = 2) -> int:
     """Bytes of the key-value cache a decoder keeps while it generates.

@@ -21,7 +21,7 @@ References:
 
 from __future__ import annotations
 
-from typing import Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence, TypeAlias
 
 import jax
 import jax.numpy as jnp
@@ -30,7 +30,9 @@ import optax
 
 from clusterlab import _checks
 
-Params = object  # a pytree of f32 arrays
+# A pytree of arrays (dicts and lists of jax.Array or NumPy arrays). Any, because JAX has no
+# static pytree type; the docstrings give each tree's structure and shapes.
+Params: TypeAlias = Any
 LossFn = Callable[..., jax.Array]
 
 _LAYER_NORM_EPS = 1e-5

@@ -253,7 +253,7 @@ def check_pipeline(stages: int, microbatches: int, schedule: Schedule, *,
 def _check_pipeline(stages: int, microbatches: int, schedule: Schedule) -> tuple[int, int]:
     if schedule == "interleaved":
         raise ValueError("Activation counts are modelled for 'gpipe' and '1f1b'; count an "
-                         "interleaved schedule's with parallel.pipeline.make_schedule("
+                         "interleaved schedule's with clusterlab.schedule.make_schedule("
                          "...).held_microbatches().")
     return check_pipeline(stages, microbatches, schedule)[:2]
 

@@ -29,9 +29,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from clusterlab import models
 from clusterlab.devices import axis_size
 
-# A pytree of arrays (dicts and lists of jax.Array or NumPy arrays). Any, because JAX has no
-# static pytree type; the docstrings give each tree's structure and shapes.
-Params: TypeAlias = Any
+Params = models.Params   # one pytree alias for the library (clusterlab.models)
 AxisNames: TypeAlias = str | tuple[str, ...]
 Reduction = Literal["mean", "sum"]
 REDUCTIONS = get_args(Reduction)
