@@ -7,6 +7,8 @@ shares the same eight devices. Tests build sub-meshes over the first ``n`` of th
 
 from __future__ import annotations
 
+import functools
+
 import os
 import subprocess
 import sys
@@ -48,6 +50,28 @@ def reference_run(*, d_model: int, d_hidden: int, n_blocks: int, batch: int, ste
     optimizer = models.make_optimizer(*(() if learning_rate is None else (learning_rate,)))
     reference, losses = models.reference_train(params, batches, optimizer=optimizer)
     return params, batches, optimizer, jax.device_get(reference), np.asarray(losses)
+
+
+# The small MLP run that the sharded and 2-D tests share (fp32, several Adam steps).
+SMALL_RUN = dict(d_model=32, d_hidden=64, n_blocks=2, batch=32, steps=4, n_samples=128,
+                 learning_rate=1e-2)
+
+
+@functools.lru_cache(maxsize=None)
+def small_reference_run():
+    """:func:`reference_run` of ``SMALL_RUN``, computed once per test process."""
+    return reference_run(**SMALL_RUN)
+
+
+def check_mean_and_catch_sum(label: str, grads_for, reference, p: int, bug: str) -> None:
+    """``grads_for("mean")`` equals ``reference``, and the same check catches ``grads_for("sum")``
+    (gradients summed over ``p`` devices, not averaged: a relative difference of ``p - 1``)."""
+    from clusterlab import check
+
+    check.verify_close(label, grads_for("mean"), reference, rtol=1e-5)
+    caught = check.verify_catches(bug, functools.partial(check.verify_close, label,
+                                                         grads_for("sum"), reference, rtol=1e-5))
+    assert f"relative difference {p - 1:.1e}" in str(caught)
 
 
 def run_python(*args: str, timeout: float = 120,

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 
 import jax
 import numpy as np
@@ -10,16 +9,11 @@ import pytest
 
 from clusterlab import check, collectives, devices, models
 from clusterlab.parallel import two_d
-from conftest import DEVICES, reference_run
+from conftest import DEVICES, SMALL_RUN, check_mean_and_catch_sum, small_reference_run
 
-D, H, N_BLOCKS, BATCH, STEPS = 32, 64, 2, 32, 4
+D, H, N_BLOCKS, BATCH = (SMALL_RUN[k] for k in ("d_model", "d_hidden", "n_blocks", "batch"))
 TOL = 2e-6  # fp32, several Adam steps
-
-
-@functools.lru_cache(maxsize=None)
-def _setup():
-    return reference_run(d_model=D, d_hidden=H, n_blocks=N_BLOCKS, batch=BATCH, steps=STEPS,
-                         n_samples=128, learning_rate=1e-2)
+_setup = small_reference_run
 
 
 @pytest.mark.parametrize("shape", [(2, 4), (4, 2)])
@@ -42,17 +36,14 @@ def test_2d_gradients_equal_single_device_and_a_sum_over_data_is_caught(shape):
     params, batches, _, _, _ = _setup()
     mesh = devices.mesh(shape, ("data", "model"), DEVICES)
     reference = models.reference_gradients(params, *batches[0])
-    for reduce in ("mean", "sum"):
+
+    def grads_for(reduce):
         strategy = two_d.make_2d_parallel(params, mesh, data_axis="data", model_axis="model",
                                           reduce=reduce)
-        grads = strategy.grads(strategy.shard(params), *strategy.place_batch(*batches[0]))
-        check_it = functools.partial(check.verify_close, f"2-D {shape}", grads, reference,
-                                     rtol=1e-5)
-        if reduce == "mean":
-            check_it()
-        else:
-            caught = check.verify_catches("sum over the data axis", check_it)
-            assert f"relative difference {shape[0] - 1:.1e}" in str(caught)
+        return strategy.grads(strategy.shard(params), *strategy.place_batch(*batches[0]))
+
+    check_mean_and_catch_sum(f"2-D {shape}", grads_for, reference, shape[0],
+                             "sum over the data axis")
 
 
 def test_2d_batch_must_split_and_reduce_is_named():
