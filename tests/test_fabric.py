@@ -41,7 +41,8 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 
-from clusterlab import _nccl, costmodel, fabric, topology
+from clusterlab import costmodel, fabric, topology
+from clusterlab.costmodel import _nccl
 
 GIB = 2**30
 NVLINK = 450e9          # H100 NVLink4 per direction

@@ -279,9 +279,3 @@ def test_planner_uses_cluster_collective():
     seconds = plan.dp_all_reduce_s(14e9, 8, 32, hw)
     assert seconds == pytest.approx(costmodel.cluster_collective(
         "all_reduce", 14e9, gpu="H100", n_nodes=32, nic="IB-NDR", nics_per_node=8).time_s)
-
-
-def test_the_former_module_name_is_the_same_port():
-    # chapter 04 and test_fabric still import clusterlab._nccl: the very module, not a copy.
-    import clusterlab._nccl as former
-    assert former is _nccl and former.NVLINK_BW_PER_LINK[90] == 20.6
