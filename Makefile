@@ -38,10 +38,14 @@ lab: $(READY)
 student: $(READY)
 	$(BIN)/python -m clusterlab.student --labs labs --out student
 
-## grade: run submitted notebooks and grade every exercise from keys/ (make grade SUBMISSIONS="a.ipynb b.ipynb")
-grade: $(READY)
+## grade: run submitted notebooks, each in a bubblewrap sandbox, and grade every exercise from keys/
+## outside it: one line per exercise per submission, and GRADES (grades.csv): student,exercise,points
+## (make grade SUBMISSIONS="submitted/*.ipynb" GRADES=grades.csv)
+GRADES ?= grades.csv
+grade: system-deps $(READY)
 	@test -n "$(SUBMISSIONS)" || { echo 'usage: make grade SUBMISSIONS="submitted/*.ipynb"'; exit 2; }
-	$(BIN)/python -m clusterlab grade $(SUBMISSIONS) --key keys
+	$(BIN)/python -c 'import sys; from clusterlab import grading; sys.exit(grading.cli(sys.argv[1:]))' \
+		$(SUBMISSIONS) --key keys --csv $(GRADES)
 
 ## test: the whole suite: library unit tests, the labs against their stored outputs, the book
 test: system-deps $(READY)

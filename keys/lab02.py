@@ -3,27 +3,29 @@
 import jax
 import numpy as np
 
-from clusterlab import collectives, costmodel, grading, hardware
+from clusterlab import costmodel, grading, hardware
 
 _NVLINK_BYTES_PER_S = hardware.link("NVLink4").bytes_per_s
 
 
-def _permutes_executed(ns):
-    # the lab's ring all-reduce on its 4-device mesh, counted in the compiled program
-    return len(collectives.executed_collectives(ns["ring_small"], ns["x_ring_small"]))
+# The lab's ring all-reduce on its 4-device mesh runs 2 (p - 1) = 6 collective-permutes (read
+# from the notebook's ring_small before grading left the submission's kernel; the count of
+# collectives.ring_all_reduce's compiled program, asserted in tests/test_keys_review.py)
+_PERMUTES_ON_4 = 2 * (4 - 1)
 
 
-def _check_two_phase(function, ns):
+def _check_two_phase(programs):
     # a fresh input: 8 blocks of 1024 values, summed block-wise on every device
-    fresh = jax.random.normal(jax.random.key(2026), (8 * 1024,))            # f32[8 * 1024]
-    expected = np.tile(np.asarray(fresh).reshape(8, -1).sum(axis=0), 8)     # f32[8 * 1024]
-    grading.require_close(function(fresh), expected, what="its result", rtol=1e-5, atol=1e-5)
-    grading.require_collectives(function, fresh, includes=["collective-permute", "all-gather"],
+    (program,) = programs
+    fresh = np.asarray(jax.random.normal(jax.random.key(2026), (8 * 1024,)))  # f32[8 * 1024]
+    expected = np.tile(fresh.reshape(8, -1).sum(axis=0), 8)                  # f32[8 * 1024]
+    grading.require_close(program(fresh), expected, what="its result", rtol=1e-5, atol=1e-5)
+    grading.require_collectives(program, fresh, includes=["collective-permute", "all-gather"],
                                 excludes=["all-reduce"])
 
 
 KEY = {
-    "lab02.1": grading.equal(_permutes_executed, name="message count",
+    "lab02.1": grading.equal(_PERMUTES_ON_4, name="message count",
                              hint="The ring all-reduce runs two phases; count the steps of each "
                                   "on p = 4 devices and the ppermutes per step."),
     "lab02.2": grading.close(
@@ -37,5 +39,7 @@ KEY = {
     "lab02.3": grading.code(_check_two_phase, name="two-phase all-reduce",
                             hint="Inside shard_map: reduce-scatter the block with "
                                  "collectives.ring_reduce_scatter, then all-gather the chunk "
-                                 "(tiled=True); pass the jitted function."),
+                                 "(tiled=True); pass the jitted function.",
+                            exports=[grading.Export(args=[((8 * 1024,), "float32")],
+                                                    n_devices=8)]),
 }

@@ -2,7 +2,8 @@
 # What `make test` needs from the system, beyond the Python packages in .venv: Debian's Chromium
 # for the real-browser check of the book, Debian's python3-simgrid (3.32) for the SimGrid
 # cross-check of the fabric model, and slurm-wlm with munge for the tests that run the
-# multi-host example under a real SLURM (tests/test_slurm.py starts the daemons itself).
+# multi-host example under a real SLURM (tests/test_slurm.py starts the daemons itself), and
+# bubblewrap, the sandbox each graded submission runs in (clusterlab.sandbox; make grade).
 # Installed here when this user may (root with apt-get); otherwise one line names the command,
 # before any test runs. One line per package: "[ test ] || missing+=(package)".
 # Chromium comes from Debian, not from `playwright install`: Playwright's browser is a download
@@ -15,6 +16,7 @@ missing=()
 compgen -G "/usr/lib/python3/dist-packages/simgrid.cpython-*.so" >/dev/null || missing+=(python3-simgrid)
 [ -x /usr/sbin/slurmctld ] && [ -x /usr/sbin/slurmd ] && [ -x /usr/bin/srun ] || missing+=(slurm-wlm)
 [ -x /usr/sbin/munged ] || missing+=(munge)
+[ -x /usr/bin/bwrap ] || missing+=(bubblewrap)
 # The PDF edition (make pdf, tests/test_pdf.py): XeLaTeX, the LaTeX packages that Sphinx and
 # Jupyter Book's class load, DejaVu fonts, pdftotext and pdftoppm; installed without recommends
 # (about 150 MB, where recommends pull in texlive-fonts-extra's 1.9 GB).

@@ -45,7 +45,8 @@ LAYERS = {
     "killtest": DEVICE,
     # 4. course machinery
     "check": COURSE, "answers": COURSE, "verification": COURSE, "grading": COURSE,
-    "student": COURSE, "plotting": COURSE, "expect": COURSE, "__main__": COURSE,
+    "student": COURSE, "submission": COURSE, "sandbox": COURSE, "plotting": COURSE,
+    "expect": COURSE, "__main__": COURSE,
     "examples": COURSE,
 }
 # Libraries built on JAX: none may be imported below the device layer.

@@ -74,12 +74,12 @@ def _as_nobody_without(script: Path,
 @NEEDS_ROOT
 def test_without_root_a_missing_package_stops_at_once_with_one_line(script_nobody_can_run):
     done, elapsed_s = _as_nobody_without(script_nobody_can_run, [
-        "/usr/sbin/munged", "/usr/sbin/slurmd", "/usr/bin/chromium"])
+        "/usr/sbin/munged", "/usr/sbin/slurmd", "/usr/bin/chromium", "/usr/bin/bwrap"])
     assert done.returncode == 1, done.stdout + done.stderr
     assert done.stdout == ""
     assert done.stderr.splitlines() == [
-        "make test needs chromium slurm-wlm munge: run 'sudo apt-get install -y chromium "
-        "slurm-wlm munge' (Debian/Ubuntu), then make test again."]
+        "make test needs chromium slurm-wlm munge bubblewrap: run 'sudo apt-get install -y "
+        "chromium slurm-wlm munge bubblewrap' (Debian/Ubuntu), then make test again."]
     assert elapsed_s < 5
 
 
