@@ -7,7 +7,10 @@ Mixed-precision training with Adam keeps, for every one of the ``N`` parameters:
 * the optimizer state in 32-bit: a master copy of the parameter, Adam's momentum and its
   variance, 4 + 4 + 4 = 12 bytes (``optimizer_bytes_per_param = 12``).
 
-That is 16 bytes per parameter, the "model states" of the ZeRO paper. Plain data parallelism
+That is 16 bytes per parameter, the "model states" of the ZeRO paper (the default). Megatron-LM
+trains in BF16 but accumulates and all-reduces gradients in FP32 ("main grads",
+``fp32_grad_accumulation=True``): 2 + 4 + 12 = 18 bytes per parameter, the count of its
+distributed optimizer's documentation. Plain data parallelism
 replicates all of them on every device; ZeRO partitions them across the ``dp`` data-parallel
 devices in three stages (optimizer state, then gradients, then parameters). Activations are
 not counted here.
@@ -18,6 +21,10 @@ Units: bytes (1 GB = 1e9 bytes, as the paper counts).
 References:
     Rajbhandari, Rasley, Ruwase & He, "ZeRO: Memory Optimizations Toward Training Trillion
     Parameter Models", SC 2020. https://arxiv.org/abs/1910.02054 (section 3.1 and Figure 1).
+    Megatron Core User Guide, "Distributed Optimizer": bytes per parameter, "float16 param,
+    fp32 grads" 18 without the distributed optimizer, ``6 + 12/d`` with it (16-bit meaning
+    FP16 or BF16).
+    https://docs.nvidia.com/megatron-core/developer-guide/latest/distrib_optimizer.html
 """
 
 from __future__ import annotations
@@ -29,10 +36,15 @@ from clusterlab._checks import positive as _check_positive
 
 ZERO_STAGES = (0, 1, 2, 3)
 
+#: Bytes of an FP32 gradient ("main grad"), which Megatron-LM accumulates and all-reduces in
+#: place of the 16-bit gradient (``fp32_grad_accumulation=True``).
+FP32_GRAD_BYTES = 4
+
 
 def training_memory_per_device(n_params: float, dp: int, zero_stage: int, *,
                                bytes_param: float = 2, bytes_grad: float = 2,
-                               optimizer_bytes_per_param: float = 12) -> float:
+                               optimizer_bytes_per_param: float = 12,
+                               fp32_grad_accumulation: bool = False) -> float:
     """Bytes of model states (parameters, gradients, optimizer state) each device holds.
 
     With ``N = n_params``, ``P = bytes_param``, ``G = bytes_grad``, ``K =
@@ -51,16 +63,29 @@ def training_memory_per_device(n_params: float, dp: int, zero_stage: int, *,
         bytes_grad: bytes per gradient element (2 for BF16/FP16).
         optimizer_bytes_per_param: bytes of optimizer state per parameter (12 for mixed-precision
             Adam: FP32 master weights, momentum and variance).
+        fp32_grad_accumulation: keep gradients in FP32 (``G = FP32_GRAD_BYTES``), as Megatron-LM
+            does for BF16 training: 18 bytes per parameter instead of 16 at stage 0. False (the
+            default): the ZeRO paper's 16-bit gradients.
 
     Returns:
         Bytes per device. For 7.5e9 parameters and dp = 64: 120e9, 31.4e9, 16.6e9 and 1.88e9
         for stages 0 to 3 (the paper's Figure 1).
 
+    Raises:
+        ValueError: on a bad size or stage, or ``fp32_grad_accumulation`` with a ``bytes_grad``
+            other than the default (give one of the two).
+
     References:
         Rajbhandari et al., "ZeRO", SC 2020, section 5 and Figure 1.
         https://arxiv.org/abs/1910.02054
+        Megatron-LM, "Distributed Optimizer" (18 bytes with FP32 gradients), see the module.
     """
     _check_positive("n_params", n_params)
+    if fp32_grad_accumulation:
+        if bytes_grad != 2:
+            raise ValueError(f"fp32_grad_accumulation sets bytes_grad to {FP32_GRAD_BYTES}; got "
+                             f"bytes_grad={bytes_grad!r} too. Give one of the two.")
+        bytes_grad = FP32_GRAD_BYTES
     if not isinstance(dp, int) or isinstance(dp, bool) or dp < 1:
         raise ValueError(f"dp (the data-parallel degree) must be a positive integer, got {dp!r}.")
     if zero_stage not in ZERO_STAGES:

@@ -250,14 +250,6 @@ def check_pipeline(stages: int, microbatches: int, schedule: Schedule, *,
     return p, m, v
 
 
-def _check_pipeline(stages: int, microbatches: int, schedule: Schedule) -> tuple[int, int]:
-    if schedule == "interleaved":
-        raise ValueError("Activation counts are modelled for 'gpipe' and '1f1b'; count an "
-                         "interleaved schedule's with clusterlab.schedule.make_schedule("
-                         "...).held_microbatches().")
-    return check_pipeline(stages, microbatches, schedule)[:2]
-
-
 def pipeline_bubble_fraction(stages: int, microbatches: int, schedule: Schedule = "gpipe", *,
                              virtual_stages: int = 1) -> float:
     """The fraction of a pipeline step each stage idles: ``(p-1) / (v m + p - 1)``.
@@ -291,30 +283,55 @@ def pipeline_bubble_fraction(stages: int, microbatches: int, schedule: Schedule 
 
 
 def pipeline_activation_microbatches(stages: int, microbatches: int,
-                                     schedule: Schedule = "gpipe", *,
-                                     stage: int = 0) -> int:
+                                     schedule: Schedule = "gpipe", *, stage: int = 0,
+                                     virtual_stages: int | None = None) -> float:
     """The most micro-batches whose activations one stage holds at once.
 
     GPipe runs all m forwards before any backward, so every stage holds all m. 1F1B starts the
     backward of a micro-batch as soon as it can and lets stage ``s`` run at most ``p - s``
     forwards ahead of its backwards: stage 0 holds ``min(p, m)``, the last stage 1.
 
+    Interleaved 1F1B (v model chunks per device, each ``1/v`` of the stage's layers) warms up
+    with ``(p - s - 1) 2 + (v - 1) p`` chunk forwards before its first backward (Megatron-LM's
+    ``num_warmup_microbatches``), so stage ``s`` holds ``(v + 1) p - 1 - 2 s`` chunks, at most
+    the step's ``m v``; counted in whole micro-batches (v chunks each) stage 0 holds
+    ``p + (p - 1) / v = p (1 + (p-1)/(p v))``: 1F1B's ``p`` times Korthikanti et al.'s factor
+    ``1 + (p-1)/(p v)``.
+
     Args:
         stages: p.
-        microbatches: m.
-        schedule: ``"gpipe"`` or ``"1f1b"``.
+        microbatches: m (a multiple of p when interleaved with v > 1).
+        schedule: ``"gpipe"``, ``"1f1b"`` or ``"interleaved"``.
         stage: which stage, 0 (the first, which holds the most) to p-1.
+        virtual_stages: v, model chunks per device; required for ``"interleaved"`` (its count
+            depends on it), None otherwise.
 
     Returns:
-        A number of micro-batches; times the bytes of one micro-batch's stashed activations it
-        is the stage's activation memory.
+        A number of micro-batches (a fraction when interleaved: chunks over v); times the bytes
+        of one micro-batch's stashed activations of the stage's layers it is the stage's
+        activation memory.
+
+    Raises:
+        ValueError: for a bad shape, a stage out of range, or ``"interleaved"`` without
+            ``virtual_stages``.
 
     References:
-        Narayanan et al., SC 2021, Section 2.2.1 (1F1B limits in-flight micro-batches to p).
+        Narayanan et al., SC 2021, Section 2.2.1 (1F1B limits in-flight micro-batches to p) and
+        2.2.2 (the interleaved schedule). https://arxiv.org/abs/2104.04473
+        Korthikanti et al., MLSys 2023, Section 4.2.3 (interleaving multiplies the first
+        stage's activations by ``1 + (p-1)/(p v)``). https://arxiv.org/abs/2205.05198
+        Megatron-LM, ``megatron/core/pipeline_parallel/schedules.py``,
+        ``forward_backward_pipelining_with_interleaving`` (the warm-up count).
     """
-    p, m = _check_pipeline(stages, microbatches, schedule)
+    if schedule == "interleaved" and virtual_stages is None:
+        raise ValueError("Activation counts are modelled for 'gpipe' and '1f1b', and for "
+                         "'interleaved' given its virtual_stages (pass virtual_stages=v); "
+                         "clusterlab.schedule.make_schedule(...).held_microbatches() counts "
+                         "any schedule slot by slot.")
+    p, m, v = check_pipeline(stages, microbatches, schedule,
+                             virtual_stages=1 if virtual_stages is None else virtual_stages)
     if not 0 <= stage < p:
         raise ValueError(f"stage must be in [0, {p - 1}] for {p} stages, got {stage!r}.")
+    if schedule == "interleaved":
+        return min((v + 1) * p - 1 - 2 * stage, m * v) / v
     return m if schedule == "gpipe" else min(p - stage, m)
-
-

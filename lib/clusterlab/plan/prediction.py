@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from clusterlab import costmodel, flops, memory, storage
 from clusterlab.hardware import ClusterSpec
 from clusterlab.plan._network import all_reduce, group_of
-from clusterlab.plan.step import BACKWARD_FRACTION, BACKWARD_FRACTION_RECOMPUTE, hidden_all_reduce_s
+from clusterlab.plan.step import hidden_all_reduce_s
 from clusterlab.plan.workload import Assumptions, Layout, Workload
 
 BYTES_PER_VALUE = 2  # BF16: parameters, gradients and activations as they travel (2 bytes)
@@ -40,7 +40,7 @@ class Plan:
     memory_limit_bytes: float    # GPU memory less the reserve
     states_bytes: float          # parameters, gradients, optimizer state (ZeRO-sharded)
     activation_bytes: float      # activations kept for the backward pass, busiest stage
-    compute_s: float             # forward + backward (+ recomputation) at compute_efficiency
+    compute_s: float             # forward + backward + recomputation at compute_efficiency
     tp_comm_s: float             # tensor-parallel all-reduces, node interconnect, not hidden
     pp_comm_s: float             # pipeline sends of activations and their gradients, not hidden
     bubble_s: float              # pipeline bubble: (p-1)/(v m) of compute + tp
@@ -48,6 +48,7 @@ class Plan:
     data_wait_s: float           # waiting for storage beyond the rest of the step
     load_s: float                # storage time for one step's tokens (prefetched)
     model_flops_per_step: float  # tokens_per_step * flops_per_token (no recomputation)
+    hardware_flops_per_step: float  # tokens_per_step * hardware_flops_per_token (recomputed too)
     #: cluster_collective's estimates of one data-parallel all-reduce (the gradients, before
     #: ZeRO-3's factor, contention and overlap) and of one tensor-parallel all-reduce; None
     #: where there is none. Their ``validated`` flags say whether published rows back them.
@@ -83,7 +84,7 @@ class Plan:
     @property
     def hfu(self) -> float:
         """Hardware FLOPs utilization: recomputed FLOPs counted too."""
-        return self.mfu * (4 / 3 if self.workload.recompute else 1.0)
+        return self.mfu * self.hardware_flops_per_step / self.model_flops_per_step
 
     @property
     def time_to_train_s(self) -> float | None:
@@ -206,34 +207,41 @@ def _check_layout(workload: Workload, cluster: ClusterSpec, layout: Layout) -> i
 
 # --- The terms of a step ---------------------------------------------------------------------
 
-def _memory(workload: Workload, cluster: ClusterSpec, layout: Layout,
+def _memory(workload: Workload, layout: Layout, assumptions: Assumptions,
             microbatches: int) -> tuple[float, float]:
     """(model states, activations) per GPU of the busiest (first) pipeline stage, in bytes.
 
     The states are :func:`clusterlab.memory.training_memory_per_device` of the ``N/(tp pp)``
-    parameters a GPU holds, ZeRO-sharded over ``dp``. The activations are one micro-batch's of
-    the stage's layers (:func:`clusterlab.memory.transformer_layer_activation_bytes`, sequence
-    parallel whenever tp > 1; without full recomputation attention's scores are recomputed,
-    FlashAttention-style, "selective" in Korthikanti et al.) times the micro-batches 1F1B keeps
-    in flight (:func:`clusterlab.costmodel.pipeline_activation_microbatches`); an interleaved
-    schedule is counted as 1F1B.
+    parameters a GPU holds, ZeRO-sharded over ``dp`` (FP32 gradients with
+    ``fp32_grad_accumulation``). The activations are one micro-batch's of the stage's layers
+    (:func:`clusterlab.memory.transformer_layer_activation_bytes`, sequence parallel when tp > 1
+    unless the layout turns it off; the "flash" policy stores what "selective" does, the scores never being stored)
+    times the micro-batches the schedule keeps in flight on the first stage
+    (:func:`clusterlab.costmodel.pipeline_activation_microbatches`: ``min(p, m)`` for 1F1B,
+    ``p + (p-1)/v`` interleaved).
     """
     n_layers, d_model = workload.shape
     states_bytes = memory.training_memory_per_device(
-        workload.n_params / (layout.tp * layout.pp), layout.dp, layout.zero_stage)
+        workload.n_params / (layout.tp * layout.pp), layout.dp, layout.zero_stage,
+        fp32_grad_accumulation=assumptions.fp32_grad_accumulation)
+    policy = workload.recompute_policy
     layer_bytes = memory.transformer_layer_activation_bytes(
         workload.seq_len, layout.micro_batch, d_model, workload.heads,
-        tensor_parallel=layout.tp, sequence_parallel=layout.tp > 1,
-        recompute="full" if workload.recompute else "selective")
-    in_flight = costmodel.pipeline_activation_microbatches(layout.pp, microbatches, "1f1b")
+        tensor_parallel=layout.tp,
+        sequence_parallel=layout.sequence_parallel and layout.tp > 1,
+        recompute="selective" if policy == "flash" else policy)
+    if layout.virtual_stages > 1:
+        in_flight = costmodel.pipeline_activation_microbatches(
+            layout.pp, microbatches, "interleaved", virtual_stages=layout.virtual_stages)
+    else:
+        in_flight = costmodel.pipeline_activation_microbatches(layout.pp, microbatches, "1f1b")
     return states_bytes, layer_bytes * math.ceil(n_layers / layout.pp) * in_flight
 
 
 def _compute_s(workload: Workload, cluster: ClusterSpec, assumptions: Assumptions) -> float:
-    """Forward and backward of the step's model FLOPs (4/3 of them with full recomputation)
-    at ``compute_efficiency`` of the cluster's peak."""
-    hardware_flops = (workload.tokens_per_step * workload.flops_per_token
-                      * (4 / 3 if workload.recompute else 1.0))
+    """Forward, backward and recomputation, ``Workload.hardware_flops_per_token`` of every
+    token, at ``compute_efficiency`` of the cluster's peak."""
+    hardware_flops = workload.tokens_per_step * workload.hardware_flops_per_token
     return hardware_flops / (cluster.n_gpus * cluster.gpu.bf16_flops
                              * assumptions.compute_efficiency)
 
@@ -253,7 +261,8 @@ def _tensor_parallel(workload: Workload, cluster: ClusterSpec, layout: Layout,
     # act: bf16[micro_batch, seq_len, d_model], one all-reduce of a layer
     act_bytes = layout.micro_batch * workload.seq_len * d_model * BYTES_PER_VALUE
     per_layer = costmodel.megatron_all_reduces_per_layer(backward=True,
-                                                         recompute=workload.recompute)
+                                                         recompute=workload.recompute_policy
+                                                         == "full")
     estimate = all_reduce(act_bytes, group_of(cluster, layout.tp, 1))
     return microbatches * (n_layers / layout.pp) * per_layer * estimate.time_s, estimate
 
@@ -291,22 +300,25 @@ def _data_parallel(workload: Workload, cluster: ClusterSpec, layout: Layout,
                    compute_s: float) -> tuple[float, costmodel.CollectiveEstimate | None]:
     """Exposed seconds of the data-parallel all-reduce and its estimate.
 
-    :func:`dp_all_reduce` of the GPU's BF16 gradients, x ``dp_contention_factor`` when the group
-    spans nodes, x 1.5 for ZeRO-3 (its extra parameter all-gather), of which
-    ``min(dp_overlap t, t_bwd)`` is hidden (:func:`hidden_all_reduce_s`; ``t_bwd``:
-    ``BACKWARD_FRACTION`` of the compute, 3/4 with recomputation).
+    :func:`dp_all_reduce` of the GPU's gradients (BF16, FP32 with ``fp32_grad_accumulation``),
+    x ``dp_contention_factor`` when the group spans nodes, x 1.5 for ZeRO-3 (its extra
+    parameter all-gather), of which ``min(dp_overlap t, t_bwd)`` is hidden
+    (:func:`hidden_all_reduce_s`; ``t_bwd``: the compute less its forward pass, a third of the
+    model's FLOPs: 2/3 of it without recomputation, 3/4 with full recomputation).
     """
     if layout.dp == 1:
         return 0.0, None
-    grad_bytes = workload.n_params / (layout.tp * layout.pp) * BYTES_PER_VALUE
+    grad_value_bytes = (memory.FP32_GRAD_BYTES if assumptions.fp32_grad_accumulation
+                        else BYTES_PER_VALUE)
+    grad_bytes = workload.n_params / (layout.tp * layout.pp) * grad_value_bytes
     local, nodes = _dp_placement(layout, cluster)
     estimate = dp_all_reduce(grad_bytes, local, nodes, cluster)
     all_reduce_s = estimate.time_s
     if nodes > 1:     # the fabric's contention (fabric.contention_factor)
         all_reduce_s *= assumptions.dp_contention_factor
     dp_s = (1.5 if layout.zero_stage == 3 else 1.0) * all_reduce_s
-    backward_s = compute_s * (BACKWARD_FRACTION_RECOMPUTE if workload.recompute
-                              else BACKWARD_FRACTION)
+    backward_s = compute_s * (1 - workload.flops_per_token / 3
+                              / workload.hardware_flops_per_token)
     return dp_s - hidden_all_reduce_s(dp_s, assumptions.dp_overlap, backward_s), estimate
 
 
@@ -324,8 +336,9 @@ def predict(workload: Workload, cluster: ClusterSpec, layout: Layout,
     """Predict memory and step time of one layout: a sum of terms, each priced by the function
     that owns its formula.
 
-    * memory (:func:`_memory`): ZeRO-sharded model states plus 1F1B's in-flight activations;
-    * compute: the step's model FLOPs (4/3 with recomputation) at ``compute_efficiency``;
+    * memory (:func:`_memory`): ZeRO-sharded model states plus the schedule's in-flight
+      activations (1F1B or interleaved);
+    * compute: the step's FLOPs, recomputation included, at ``compute_efficiency``;
     * tensor parallel: Megatron's all-reduces per layer, each by
       :func:`clusterlab.costmodel.cluster_collective` on the ``tp`` GPUs of a node;
     * pipeline sends: activations forward and gradients back, not hidden;
@@ -353,7 +366,7 @@ def predict(workload: Workload, cluster: ClusterSpec, layout: Layout,
         Rajbhandari et al. 2020, section 7 (ZeRO-3 moves 1.5x the data of an all-reduce).
     """
     m = _check_layout(workload, cluster, layout)
-    states_bytes, activation_bytes = _memory(workload, cluster, layout, m)
+    states_bytes, activation_bytes = _memory(workload, layout, assumptions, m)
     compute_s = _compute_s(workload, cluster, assumptions)
     tp_s, tp_estimate = _tensor_parallel(workload, cluster, layout, m)
     pp_s = _pipeline_sends_s(workload, cluster, layout, m)
@@ -367,4 +380,6 @@ def predict(workload: Workload, cluster: ClusterSpec, layout: Layout,
                 compute_s=compute_s, tp_comm_s=tp_s, pp_comm_s=pp_s, bubble_s=bubble_s,
                 dp_comm_s=dp_s, data_wait_s=wait_s, load_s=load_s,
                 model_flops_per_step=workload.tokens_per_step * workload.flops_per_token,
+                hardware_flops_per_step=(workload.tokens_per_step
+                                         * workload.hardware_flops_per_token),
                 dp_estimate=dp_estimate, tp_estimate=tp_estimate)

@@ -6,11 +6,24 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Literal
 
 from clusterlab import flops, hardware, memory
 from clusterlab._checks import count, number, positive
 from clusterlab.hardware import ClusterSpec
 from clusterlab.plan.step import model_shape
+
+
+#: Activation recomputation policies (Korthikanti et al. 2022, sections 4-5):
+#: ``"flash"``: attention by a FlashAttention kernel, which never stores the scores and
+#: recomputes them inside its backward kernel (the FLOPs of the model only; the default,
+#: ``recompute=False``); ``"none"``: every activation stored, the ``5 a s / h`` attention scores
+#: too, nothing recomputed; ``"selective"``: Megatron's selective recomputation, scores and
+#: softmax dropped and recomputed, one more forward of attention's ``4 L s d`` FLOPs per
+#: token; ``"full"``: only each layer's input kept, one more forward of everything
+#: (``recompute=True``).
+Recompute = Literal["flash", "none", "selective", "full"]
+RECOMPUTE_POLICIES: tuple[Recompute, ...] = ("flash", "none", "selective", "full")
 
 
 @dataclass(frozen=True)
@@ -31,7 +44,8 @@ class Workload:
     d_model: int | None = None           # model (and attention) width; None: default_shape
     n_heads: int | None = None           # attention heads; None: d_model / 128
     bytes_per_token: float = 4.0         # bytes storage delivers per token (4: uint32 ids)
-    recompute: bool = False              # full activation recomputation (one more forward)
+    #: a Recompute policy; True means "full" and False "flash" (see RECOMPUTE_POLICIES)
+    recompute: bool | Recompute = False
 
     def __post_init__(self) -> None:
         positive("n_params", self.n_params)
@@ -48,6 +62,17 @@ class Workload:
         if self.n_heads is not None:
             count("n_heads", self.n_heads)
         positive("bytes_per_token", self.bytes_per_token)
+        if not isinstance(self.recompute, bool) and self.recompute not in RECOMPUTE_POLICIES:
+            raise ValueError(f"recompute must be True, False or one of {RECOMPUTE_POLICIES}, "
+                             f"got {self.recompute!r}.")
+
+    @property
+    def recompute_policy(self) -> Recompute:
+        """The recomputation policy: ``recompute``, with True read as "full" and False as
+        "flash"."""
+        if isinstance(self.recompute, bool):
+            return "full" if self.recompute else "flash"
+        return self.recompute
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -69,6 +94,16 @@ class Workload:
         """Model FLOPs per trained token, attention included (PaLM's accounting)."""
         n_layers, d_model = self.shape
         return flops.transformer_flops_per_token(self.n_params, n_layers, self.seq_len, d_model)
+
+    @property
+    def hardware_flops_per_token(self) -> float:
+        """FLOPs the GPUs run per token, recomputation included: the model's ``6N + 12 L s d``
+        plus one more forward of attention's ``4 L s d`` ("selective") or of everything,
+        ``2N + 4 L s d`` ("full", 4/3 of the model's)."""
+        n_layers, d_model = self.shape
+        extra = {"flash": 0.0, "none": 0.0, "selective": 4.0 * n_layers * self.seq_len * d_model,
+                 "full": self.flops_per_token / 3}[self.recompute_policy]
+        return self.flops_per_token + extra
 
 
 def cluster(gpu: str, n_gpus: int, *, storage_read_bytes_per_s: float, gpus_per_node: int = 8,
@@ -123,6 +158,9 @@ class Layout:
     zero_stage: int = 0          # 0 (plain data parallel) to 3 (parameters sharded too)
     micro_batch: int = 1         # sequences per micro-batch in each replica
     virtual_stages: int = 1      # interleaved schedule: model chunks per GPU (bubble / v)
+    #: LayerNorm and dropout split along the sequence over the tp GPUs (Korthikanti et al. 2022);
+    #: only memory changes: its all-gather and reduce-scatter cost what the all-reduce did
+    sequence_parallel: bool = True
 
     def __post_init__(self) -> None:
         for name in ("dp", "tp", "pp", "micro_batch", "virtual_stages"):
@@ -153,6 +191,9 @@ class Assumptions:
     dp_overlap: float = 0.5           # fraction of the data-parallel all-reduce hidden, at most
     #                                   the backward pass's time (hidden_all_reduce_s)
     activation_reserve: float = 0.1   # fraction of GPU memory kept free (workspace, fragments)
+    #: Gradients kept and all-reduced in FP32 (Megatron-LM's BF16 default: 18 bytes of model
+    #: states per parameter, memory.training_memory_per_device); False: the ZeRO paper's 16.
+    fp32_grad_accumulation: bool = False
     #: Multiplies the data-parallel all-reduce when it crosses the fabric (>= 1; 1: a
     #: non-blocking fabric without collisions, as cluster_collective assumes). Take it from
     #: clusterlab.fabric.contention_factor for the job's topology, placement and routing.
