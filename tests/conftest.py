@@ -74,6 +74,18 @@ def check_mean_and_catch_sum(label: str, grads_for, reference, p: int, bug: str)
     assert f"relative difference {p - 1:.1e}" in str(caught)
 
 
+def fixture_submission(folder: Path, cells: list[str], name: str = "98-fixture.ipynb") -> Path:
+    """A submitted copy of the fixture lab 98 in ``folder``: one exercise heading, then ``cells``."""
+    import nbformat
+
+    notebook = nbformat.v4.new_notebook()
+    notebook.cells = [nbformat.v4.new_markdown_cell("```{exercise-start}\n:label: lab98-x\n```")]
+    notebook.cells += [nbformat.v4.new_code_cell(source) for source in cells]
+    folder.mkdir(parents=True, exist_ok=True)
+    nbformat.write(notebook, folder / name)
+    return folder / name
+
+
 def run_python(*args: str, timeout: float = 120,
                extra_env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     """Run ``python ARGS`` in a fresh process (fresh JAX) from the repository root."""

@@ -17,7 +17,7 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 from clusterlab import check, collectives, grading, student
-from conftest import DEVICES, ROOT, run_python, sub_mesh
+from conftest import DEVICES, ROOT, fixture_submission, run_python, sub_mesh
 
 FIXTURE_KEYS = ROOT / "tests" / "data" / "keys"
 KEYS = ROOT / "keys"
@@ -203,17 +203,8 @@ FIXTURE_CELLS = ["from clusterlab import check\npair = (1, 2)",
                  "def double(x):\n    return 2 * x\ncheck.answer(\"lab98.3\", double)"]
 
 
-def _fixture(tmp_path: Path, cells: list[str], name: str = "98-fixture.ipynb") -> Path:
-    notebook = nbformat.v4.new_notebook()
-    notebook.cells = [nbformat.v4.new_markdown_cell("```{exercise-start}\n:label: lab98-x\n```")]
-    notebook.cells += [nbformat.v4.new_code_cell(source) for source in cells]
-    path = tmp_path / name
-    nbformat.write(notebook, path)
-    return path
-
-
 def test_grade_a_correct_submission_scores_full_despite_a_broken_cell(tmp_path):
-    verdicts = grading.grade_notebook(_fixture(tmp_path, FIXTURE_CELLS), key_dir=FIXTURE_KEYS)
+    verdicts = grading.grade_notebook(fixture_submission(tmp_path, FIXTURE_CELLS), key_dir=FIXTURE_KEYS)
     assert [(v.exercise_id, v.passed) for v in verdicts] == [
         ("lab98.1", True), ("lab98.2", True), ("lab98.3", True)]
 
@@ -222,8 +213,8 @@ def test_grade_cli_a_deleted_check_and_a_wrong_answer_fail_with_hints(tmp_path):
     cells = list(FIXTURE_CELLS)
     cells[1] = "answer = 3.0\ncheck.answer(\"lab98.1\", answer)"     # wrong
     cells[3] = "answer = [1, 2]"                                      # its check call deleted
-    wrong = _fixture(tmp_path, cells, "alice-98-fixture.ipynb")
-    right = _fixture(tmp_path, FIXTURE_CELLS)
+    wrong = fixture_submission(tmp_path, cells, "alice-98-fixture.ipynb")
+    right = fixture_submission(tmp_path, FIXTURE_CELLS)
     result = run_python("-m", "clusterlab", "grade", str(right), str(wrong),
                         "--key", str(FIXTURE_KEYS))
     assert result.returncode == 1, result.stderr
@@ -254,7 +245,7 @@ def test_grade_cli_errors_exit_2(args, message):
 
 def test_a_cell_past_the_timeout_is_interrupted_and_grading_goes_on(tmp_path):
     cells = [*FIXTURE_CELLS[:2], "import time\ntime.sleep(60)", *FIXTURE_CELLS[3:]]
-    verdicts = grading.grade_notebook(_fixture(tmp_path, cells), key_dir=FIXTURE_KEYS,
+    verdicts = grading.grade_notebook(fixture_submission(tmp_path, cells), key_dir=FIXTURE_KEYS,
                                       timeout_s=3)
     assert [v.passed for v in verdicts] == [True, True, True]
 
@@ -273,7 +264,7 @@ def test_grade_refuses_a_notebook_of_an_unknown_lab(tmp_path):
     with pytest.raises(ValueError, match="cannot tell which lab it is"):
         grading.grade_notebook(path, key_dir=FIXTURE_KEYS)
     with pytest.raises(ValueError, match="no key .*lab97.py for lab97"):
-        grading.grade_notebook(_fixture(tmp_path, [], "97-x.ipynb"), key_dir=FIXTURE_KEYS)
+        grading.grade_notebook(fixture_submission(tmp_path, [], "97-x.ipynb"), key_dir=FIXTURE_KEYS)
 
 
 # --- lab 00, as students submit it ------------------------------------------------------------

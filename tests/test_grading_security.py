@@ -10,11 +10,10 @@ from __future__ import annotations
 import csv
 from pathlib import Path
 
-import nbformat
 import pytest
 
 from clusterlab import grading, sandbox
-from conftest import ROOT
+from conftest import ROOT, fixture_submission
 
 FIXTURE_KEYS = ROOT / "tests" / "data" / "keys"
 SMALL = sandbox.Limits(cpu_s=6, memory_bytes=4 * 2**30, processes=96, wall_s=60)
@@ -30,15 +29,6 @@ BLANK_LINES = [
     "✗ time (s): no answer yet; replace the ... with your value.",
     "✗ pair: no answer yet; replace the ... with your value.",
     "✗ double: no answer yet; replace the ... with your value."]
-
-
-def _submission(folder: Path, cells: list[str], name: str = "98-fixture.ipynb") -> Path:
-    notebook = nbformat.v4.new_notebook()
-    notebook.cells = [nbformat.v4.new_markdown_cell("```{exercise-start}\n:label: lab98-x\n```")]
-    notebook.cells += [nbformat.v4.new_code_cell(source) for source in cells]
-    folder.mkdir(parents=True, exist_ok=True)
-    nbformat.write(notebook, folder / name)
-    return folder / name
 
 
 def _lines(path: Path) -> list[str]:
@@ -71,8 +61,8 @@ ATTACKS = {
 @pytest.mark.parametrize("attack", ATTACKS, ids=list(ATTACKS))
 def test_nothing_the_submission_runs_changes_a_verdict(attack, tmp_path):
     # a blank copy with one added cell, after the check calls and before them
-    after = _lines(_submission(tmp_path / "after", [*BLANK, ATTACKS[attack]]))
-    before = _lines(_submission(tmp_path / "before", [BLANK[0], ATTACKS[attack], *BLANK[1:]]))
+    after = _lines(fixture_submission(tmp_path / "after", [*BLANK, ATTACKS[attack]]))
+    before = _lines(fixture_submission(tmp_path / "before", [BLANK[0], ATTACKS[attack], *BLANK[1:]]))
     assert after == BLANK_LINES
     assert before == BLANK_LINES
 
@@ -93,7 +83,7 @@ def test_the_submission_sees_no_key_by_path_env_or_walking_up(tmp_path):
         "    except OSError:\n"
         "        pass\n"
         "check.answer('lab98.1', f'{seen} {grading.keys_dir()}')")
-    lines = _lines(_submission(tmp_path, [probe]))
+    lines = _lines(fixture_submission(tmp_path, [probe]))
     assert lines == ["✗ time (s): expected a number, got '[] None'.",
                      '✗ pair: no answer recorded (check.answer("lab98.2", ...) did not run).',
                      '✗ double: no answer recorded (check.answer("lab98.3", ...) did not run).']
@@ -115,8 +105,8 @@ ENDINGS = {
 def test_a_submission_that_hits_a_limit_ends_alone_and_the_next_is_graded(ending, tmp_path,
                                                                           capsys):
     cell, why = ENDINGS[ending]
-    bad = _submission(tmp_path / "bad", [*HONEST[:2], cell, *HONEST[2:]], "98-bad.ipynb")
-    good = _submission(tmp_path / "good", HONEST, "98-good.ipynb")
+    bad = fixture_submission(tmp_path / "bad", [*HONEST[:2], cell, *HONEST[2:]], "98-bad.ipynb")
+    good = fixture_submission(tmp_path / "good", HONEST, "98-good.ipynb")
     grades = tmp_path / "grades.csv"
     status = grading.main([str(bad), str(good)], key_dir=str(FIXTURE_KEYS), timeout_s=30,
                           csv_path=str(grades), limits=SMALL)
@@ -136,13 +126,13 @@ def test_a_submission_that_hits_a_limit_ends_alone_and_the_next_is_graded(ending
 
 
 def test_a_cell_deleting_files_deletes_nothing_outside_its_folder(tmp_path):
-    other = _submission(tmp_path / "other", HONEST, "98-other.ipynb")
+    other = fixture_submission(tmp_path / "other", HONEST, "98-other.ipynb")
     library = Path(grading.__file__)
     wiper = ("import shutil, pathlib\n"
              f"for path in [{str(FIXTURE_KEYS)!r}, {str(other.parent)!r}, "
              f"{str(library.parent)!r}, pathlib.Path.home()]:\n"
              "    shutil.rmtree(path, ignore_errors=True)")
-    lines = _lines(_submission(tmp_path / "wiper", [*HONEST, wiper]))
+    lines = _lines(fixture_submission(tmp_path / "wiper", [*HONEST, wiper]))
     assert lines == ["✓ time (s) is correct.", "✓ pair is correct.", "✓ double is correct."]
     assert (FIXTURE_KEYS / "lab98.py").is_file() and other.is_file()
     assert (library.parent / "grading.py").is_file()
@@ -151,7 +141,7 @@ def test_a_cell_deleting_files_deletes_nothing_outside_its_folder(tmp_path):
 
 def test_without_bubblewrap_grading_refuses_and_names_the_fix(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(sandbox, "_BWRAP", "no-such-bwrap")
-    status = grading.main([str(_submission(tmp_path, HONEST))], key_dir=str(FIXTURE_KEYS),
+    status = grading.main([str(fixture_submission(tmp_path, HONEST))], key_dir=str(FIXTURE_KEYS),
                           timeout_s=30)
     assert status == 2
     assert capsys.readouterr().err.splitlines() == [
