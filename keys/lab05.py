@@ -132,6 +132,12 @@ def _check_grads(programs) -> None:
         _require_sends(f"gradients on {case.name}: its messages", program, args, case, 2)
 
 
+def _exports(*, grads: bool) -> list[grading.Export]:
+    # one export per hidden case: the stage count sets the devices
+    return [grading.Export(args=_args(case, grads), n_devices=case.stages, wrap="shard_map",
+                           axis=_AXIS) for case in _CASES]
+
+
 KEY = {
     "lab05.1": grading.equal(_SMALLEST_M, name="micro-batches",
                              hint="Write the bubble's share of the step in terms of p and m, and "
@@ -145,12 +151,10 @@ KEY = {
         _check_forward, name="GPipe forward",
         hint="Run m + p - 1 ticks; in each, every stage runs its blocks on its input and "
              "ppermutes the result to the next stage.",
-        exports=[grading.Export(args=_args(case, False), n_devices=case.stages,
-                                wrap="shard_map", axis=_AXIS) for case in _CASES]),
+        exports=_exports(grads=False)),
     "lab05.4": grading.code(
         _check_grads, name="GPipe gradients",
         hint="Forward ticks stash each micro-batch's input; backward ticks recompute the stage "
              "with jax.vjp and ppermute the input's gradient to the previous stage.",
-        exports=[grading.Export(args=_args(case, True), n_devices=case.stages,
-                                wrap="shard_map", axis=_AXIS) for case in _CASES]),
+        exports=_exports(grads=True)),
 }
