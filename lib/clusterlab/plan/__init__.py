@@ -36,13 +36,13 @@ from clusterlab.plan.prediction import (BYTES_PER_VALUE, Plan, dp_all_reduce, dp
                                         predict)
 from clusterlab.plan.search import (best_plan, candidate_layouts, describe_plan, format_plans,
                                     gpus_needed, rank_layouts)
-from clusterlab.plan.step import (BACKWARD_FRACTION, BACKWARD_FRACTION_RECOMPUTE, StepTime,
+from clusterlab.plan.step import (BACKWARD_FRACTION, StepTime,
                                   data_parallel_step, default_shape, hidden_all_reduce_s,
                                   model_shape)
 from clusterlab.plan.workload import Assumptions, Layout, Workload, cluster
 
 __all__ = [
-    "BACKWARD_FRACTION", "BACKWARD_FRACTION_RECOMPUTE", "BYTES_PER_VALUE", "FABRIC_CLUSTERS",
+    "BACKWARD_FRACTION", "BYTES_PER_VALUE", "FABRIC_CLUSTERS",
     "FABRIC_JOB", "PUE_HYPERSCALE", "PUE_INDUSTRY_AVERAGE", "Assumptions", "DataParallelJob",
     "Layout", "Plan", "StepTime", "Workload", "best_plan", "candidate_layouts", "cluster",
     "cluster_power_w", "data_parallel_step", "default_shape", "describe_plan", "dp_all_reduce",

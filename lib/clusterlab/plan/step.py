@@ -56,11 +56,10 @@ class StepTime:
 
 
 #: The backward pass's share of a step's compute: 4 of the 6 FLOPs per parameter and token
-#: (Kaplan et al. 2020, section 2.1), and likewise 8 of attention's 12 L s d; with full
-#: recomputation the backward pass also recomputes the forward pass, 6 of 8. Gradient
-#: reduction can only overlap the backward pass, so at most this much of the compute can hide it.
+#: (Kaplan et al. 2020, section 2.1), and likewise 8 of attention's 12 L s d. Gradient
+#: reduction can only overlap the backward pass, so at most this much of the compute can hide it
+#: (with recomputation, the planner derives the share from the policy's FLOPs).
 BACKWARD_FRACTION = 2 / 3
-BACKWARD_FRACTION_RECOMPUTE = 3 / 4
 
 
 def hidden_all_reduce_s(all_reduce_s: float, overlap: float, backward_s: float) -> float:
