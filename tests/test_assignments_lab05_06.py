@@ -9,56 +9,18 @@ Programs are exported and rebuilt in this process as a submission's kernel and t
 
 from __future__ import annotations
 
-import ast
 import functools
 
 import jax
-import jax.numpy as jnp
-import nbformat
-import numpy as np
 import pytest
 
-from clusterlab import grading, models
-from conftest import ROOT
-
-KEYS = ROOT / "keys"
-
-
-def _code_after(notebook, marker: str) -> str:
-    """The first code cell after the markdown cell holding ``marker``."""
-    cells = notebook.cells
-    start = next(i for i, c in enumerate(cells) if c.cell_type == "markdown" and marker in c.source)
-    return next(c.source for c in cells[start:] if c.cell_type == "code")
-
-
-def _lab_sources(lab: str, labels: list[str]) -> list[str]:
-    """Per exercise label, in order: its skeleton cell (the helpers given to the student), then
-    its solution cell."""
-    notebook = nbformat.read(next((ROOT / "labs").glob(f"{lab}-*.ipynb")), as_version=4)
-    return [source for label in labels for source in (
-        _code_after(notebook, f":label: {label}"),
-        _code_after(notebook, "{solution-start} " + label))]
-
-
-def _functions(sources: list[str], planted: tuple[str, str] | None = None, **helpers) -> dict:
-    """The functions and constants the cells define (their checks and answer lines left out),
-    with ``planted = (old, new)`` replaced in them first; ``helpers`` join the namespace."""
-    code = "\n\n".join(sources)
-    if planted is not None:
-        old, new = planted
-        assert code.count(old) == 1, f"the solution no longer holds {old!r}"
-        code = code.replace(old, new)
-    module = ast.parse(code)
-    module.body = [node for node in module.body
-                   if isinstance(node, (ast.FunctionDef, ast.Assign))]
-    namespace = {"jax": jax, "jnp": jnp, "np": np, "models": models, **helpers}
-    exec(compile(module, "<lab solution>", "exec"), namespace)
-    return namespace
+from assignment_support import KEYS, lab_sources, solution_functions
+from clusterlab import grading
 
 
 # --- lab 05: GPipe forward (lab05.3) and gradients (lab05.4) -----------------------------------
 
-_LAB05 = _lab_sources("05", ["lab05-gpipe-forward", "lab05-gpipe-grads"])
+_LAB05 = lab_sources("05", ["lab05-gpipe-forward", "lab05-gpipe-grads"])
 _KEY05 = grading.load_key(KEYS / "lab05.py")
 _FIRST05 = "2 stages of 2 block(s), 3 micro-batches of 4"   # the first hidden case
 
@@ -67,7 +29,7 @@ _FIRST05 = "2 stages of 2 block(s), 3 micro-batches of 4"   # the first hidden c
                                                 ("lab05.4", "gpipe_grads")])
 def test_lab05_solution_passes_on_2_4_and_8_stages(exercise, function):
     assert sorted(e.n_devices for e in _KEY05[exercise].exports) == [2, 4, 8]
-    verdict = grading.judge(_KEY05, exercise, _functions(_LAB05)[function], {})
+    verdict = grading.judge(_KEY05, exercise, solution_functions(_LAB05)[function], {})
     assert verdict.passed, verdict.line
 
 
@@ -93,19 +55,19 @@ def test_lab05_solution_passes_on_2_4_and_8_stages(exercise, function):
         "activations all-gathered, not sent", "a missing backward send",
         "micro-batch losses summed, not averaged"])
 def test_lab05_planted_bug_fails_its_hidden_test_by_name(exercise, function, planted, failed):
-    verdict = grading.judge(_KEY05, exercise, _functions(_LAB05, planted)[function], {})
+    verdict = grading.judge(_KEY05, exercise, solution_functions(_LAB05, planted)[function], {})
     assert not verdict.passed
     assert f": {failed}: " in verdict.line and "Hint:" in verdict.line, verdict.line
 
 
 def test_lab05_skeleton_is_refused_with_its_error():
-    verdict = grading.judge(_KEY05, "lab05.3", _functions(_LAB05[:1])["gpipe_forward"], {})
+    verdict = grading.judge(_KEY05, "lab05.3", solution_functions(_LAB05[:1])["gpipe_forward"], {})
     assert not verdict.passed and "raised NotImplementedError" in verdict.line
 
 
 # --- lab 06: one FSDP / ZeRO-3 SGD step (lab06.4) ----------------------------------------------
 
-_LAB06 = _lab_sources("06", ["lab06-fsdp-step"])
+_LAB06 = lab_sources("06", ["lab06-fsdp-step"])
 _KEY06 = grading.load_key(KEYS / "lab06.py")
 _FIRST06 = "SGD step on 2 devices, 2 block(s) of D = 8, H = 16, batch 12"   # the first case
 
@@ -132,7 +94,7 @@ _gather_reducing_with_all_reduce.defvjp(_gather_forward, _gather_backward)
 
 def test_lab06_solution_passes_on_2_4_and_8_devices():
     assert sorted(e.n_devices for e in _KEY06["lab06.4"].exports) == [2, 4, 8]
-    verdict = grading.judge(_KEY06, "lab06.4", _functions(_LAB06)["fsdp_step"], {})
+    verdict = grading.judge(_KEY06, "lab06.4", solution_functions(_LAB06)["fsdp_step"], {})
     assert verdict.passed, verdict.line
 
 
@@ -152,7 +114,7 @@ def test_lab06_solution_passes_on_2_4_and_8_devices():
         "the full parameters updated and returned, not the slice",
         "parameters kept for the backward pass, not gathered again"])
 def test_lab06_planted_bug_fails_its_hidden_test_by_name(planted, failed):
-    step = _functions(_LAB06, planted,
+    step = solution_functions(_LAB06, planted,
                       _gather_reducing_with_all_reduce=_gather_reducing_with_all_reduce)
     verdict = grading.judge(_KEY06, "lab06.4", step["fsdp_step"], {})
     assert not verdict.passed
@@ -160,5 +122,5 @@ def test_lab06_planted_bug_fails_its_hidden_test_by_name(planted, failed):
 
 
 def test_lab06_skeleton_is_refused_with_its_error():
-    verdict = grading.judge(_KEY06, "lab06.4", _functions(_LAB06[:1])["fsdp_step"], {})
+    verdict = grading.judge(_KEY06, "lab06.4", solution_functions(_LAB06[:1])["fsdp_step"], {})
     assert not verdict.passed and "raised NotImplementedError" in verdict.line

@@ -62,7 +62,9 @@ Neither inspects a compiled JAX program.
 from __future__ import annotations
 
 import base64
+import contextlib
 import importlib.util
+import io
 import json
 import os
 import re
@@ -75,7 +77,7 @@ from typing import Literal
 
 import numpy as np
 
-from clusterlab import answers, hlo, sandbox, submission
+from clusterlab import answers, hlo, sandbox, submission, verification
 
 KEYS_ENV = "CLUSTERLAB_KEYS"
 _KEY_FILE = re.compile(r"^lab(\d\d)\.py$")
@@ -239,13 +241,17 @@ class Program:
 
         return jax.tree_util.tree_map(np.asarray, self.exported.call(*self.place(*args)))
 
-    def collectives(self, *args) -> list[str]:
-        """The collectives the program executes on ``args``, by XLA opcode, in program order,
-        read from the program compiled here (:func:`clusterlab.hlo.executed_collectives`)."""
+    def collective_ops(self, *args) -> list:
+        """The collectives the program executes on ``args`` (:class:`clusterlab.hlo.CollectiveOp`:
+        kind and bytes), in program order, read from the program compiled here
+        (:func:`clusterlab.hlo.executed_collectives` counts loop trips)."""
         import jax
 
-        jitted = jax.jit(self.exported.call)
-        return [op.kind for op in hlo.executed_collectives(jitted, *self.place(*args))]
+        return hlo.executed_collectives(jax.jit(self.exported.call), *self.place(*args))
+
+    def collectives(self, *args) -> list[str]:
+        """The kinds (XLA opcodes) of :meth:`collective_ops`, in program order."""
+        return [op.kind for op in self.collective_ops(*args)]
 
 
 def rehydrate(data, export: Export) -> Program:
@@ -353,17 +359,19 @@ def require_collectives(function: Callable, *args, includes: Iterable[str],
     return kinds
 
 
-def require_close(actual, expected, *, what: str, rtol: float = 1e-5,
-                  atol: float = 1e-5) -> None:
-    """Refuse unless ``actual`` equals ``expected`` within the tolerances and has its shape.
+def require_close(test: str, actual, expected, *, hint: str = "", rtol: float = 1e-5) -> None:
+    """Refuse unless ``actual`` has ``expected``'s structure and shapes and its values within
+    ``rtol`` of each leaf's largest magnitude (:func:`clusterlab.verification.verify_close`).
 
     Raises:
-        Refused: with :func:`clusterlab.answers.close_verdict`'s reason.
+        Refused: naming ``test``, the difference and the leaf (not the arrays), then ``hint``.
     """
-    passed, line = answers.close_verdict(np.asarray(actual), np.asarray(expected), rtol=rtol,
-                                       atol=atol, name=what)
-    if not passed:
-        raise Refused(line.removeprefix("✗ "))
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):  # its ✓ line is for labs, not verdicts
+            verification.verify_close(test, actual, expected, rtol=rtol)
+    except verification.VerificationFailed as failure:
+        reason = str(failure).removeprefix("✗ ")
+        raise Refused(f"{reason}. Hint: {hint}" if hint else reason) from None
 
 
 def keys_dir() -> Path | None:
