@@ -1,6 +1,19 @@
-"""Answer key of lab 04, tensor parallelism (instructor-only: student copies leave keys/ out)."""
+"""Answer key of lab 04, tensor parallelism (instructor-only: student copies leave keys/ out).
 
-from clusterlab import costmodel, grading, hardware
+``lab04.3`` and ``lab04.4`` are the Megatron MLP block's forward and hand-written backward inside
+``shard_map`` over ``"model"`` (w1 split by columns, w2 by rows; x, b2 and dy as stacked copies;
+the backward takes x, w1, b1, w2, dy: b2 enters no gradient).
+Hidden tests on 2, 4 and 8 devices with widths and batches the lab never shows compare the output
+with ``models.mlp_block`` on one device and every gradient with ``jax.vjp`` of it, and require
+exactly one all-reduce of B x D x 4 bytes in each compiled program.
+"""
+
+from typing import NamedTuple
+
+import jax
+import numpy as np
+
+from clusterlab import costmodel, grading, hardware, models
 
 
 def _all_reduced_bytes(ns):
@@ -21,3 +34,113 @@ KEY = {
         hint="Count a layer's all-reduces in a training step and the bytes of each (tokens x "
              "width x bytes per value); a ring sends a share of each over the link."),
 }
+
+
+# ---- lab04.3 and lab04.4: the Megatron MLP block's forward and backward, written by hand ----
+
+_AXIS = "model"
+_GRAD_NAMES = ("dx", "dw1", "db1", "dw2", "db2")
+
+
+class _Case(NamedTuple):
+    """One hidden case: t devices, a block of width D and hidden width H, a batch of B rows."""
+
+    devices: int
+    d_model: int
+    d_hidden: int
+    batch_size: int
+    seed: int
+
+    @property
+    def name(self) -> str:
+        return (f"{self.devices} devices, D = {self.d_model}, H = {self.d_hidden}, "
+                f"batch {self.batch_size}")
+
+
+# the lab shows 4 devices, D = 16, H = 32, a batch of 32; none of these
+_CASES = (_Case(2, 6, 10, 5, 401), _Case(4, 8, 12, 7, 402), _Case(8, 4, 24, 3, 403))
+
+
+def _split(block: dict, t: int) -> list[np.ndarray]:
+    """The block split over t devices as the export passes it: w1 by columns f32[t, D, H/t], b1
+    f32[t, H/t], w2 by rows f32[t, H/t, D], b2 as t copies f32[t, D]."""
+    w1, b1, w2, b2 = (np.asarray(block[k]) for k in ("w1", "b1", "w2", "b2"))
+    d, h = w1.shape
+    return [w1.reshape(d, t, h // t).transpose(1, 0, 2), b1.reshape(t, h // t),
+            w2.reshape(t, h // t, d), models.stack_copies(b2, t)]
+
+
+def _inputs(case: _Case) -> tuple[dict, np.ndarray, np.ndarray]:
+    """The whole block, the batch x f32[B, D] and an upstream gradient dy f32[B, D]."""
+    block = models.init_mlp(jax.random.key(case.seed), d_model=case.d_model,
+                            d_hidden=case.d_hidden, n_blocks=1)[0]
+    kx, ky, kb1, kb2 = jax.random.split(jax.random.key(case.seed + 1), 4)
+    # init_mlp's biases are zeros, under which b2 counted t times would not show
+    block = {**block, "b1": jax.random.normal(kb1, block["b1"].shape),
+             "b2": jax.random.normal(kb2, block["b2"].shape)}
+    x = np.asarray(jax.random.normal(kx, (case.batch_size, case.d_model)))
+    dy = np.asarray(jax.random.normal(ky, (case.batch_size, case.d_model)))
+    return block, x, dy
+
+
+def _export(case: _Case, with_dy: bool) -> grading.Export:
+    t, d, h, b = case.devices, case.d_model, case.d_hidden, case.batch_size
+    # the backward takes dy in b2's place: b2 enters no gradient, and jax.export drops an
+    # argument the function never reads, which the rebuilt program then cannot be called with
+    shapes = [(t, b, d), (t, d, h // t), (t, h // t), (t, h // t, d), (t, d)]
+    shapes[-1] = (t, b, d) if with_dy else (t, d)
+    return grading.Export(args=[(s, "float32") for s in shapes], n_devices=t, wrap="shard_map",
+                          axis=_AXIS)
+
+
+def _require_one_all_reduce(test: str, program: grading.Program, args: list, nbytes: int,
+                            hint: str) -> None:
+    """Refuse unless the program runs exactly one collective: an all-reduce of ``nbytes``."""
+    ops = program.collective_ops(*args)
+    found = [(op.kind, op.bytes) for op in ops]
+    if found != [("all-reduce", nbytes)]:
+        raise grading.Refused(f"{test}: its program runs {found}; the Megatron block runs one "
+                              f"all-reduce of the block's B x D output ({nbytes} B) and nothing "
+                              f"else. Hint: {hint}")
+
+
+def _check_forward(programs) -> None:
+    for program, case in zip(programs, _CASES):
+        block, x, _ = _inputs(case)
+        args = [models.stack_copies(x, case.devices), *_split(block, case.devices)]
+        expected = models.stack_copies(np.asarray(models.mlp_block(block, x)), case.devices)
+        grading.require_close(
+            f"output on {case.name}", program(*args), expected,
+            hint="each device's relu(x @ w1_i + b1_i) @ w2_i is a partial sum: g all-reduces it "
+                 "(psum), and x and b2 are added once, after the all-reduce.")
+        _require_one_all_reduce(f"{case.name}: forward collectives", program, args,
+                                4 * x.size, "psum the partial block output once (g).")
+
+
+def _check_backward(programs) -> None:
+    for program, case in zip(programs, _CASES):
+        block, x, dy = _inputs(case)
+        t = case.devices
+        args = [models.stack_copies(x, t), *_split(block, t)[:3], models.stack_copies(dy, t)]
+        _, vjp = jax.vjp(models.mlp_block, block, x)
+        d_block, dx = vjp(dy)
+        expected = dict(zip(_GRAD_NAMES, [models.stack_copies(np.asarray(dx), t),
+                                          *_split({k: np.asarray(v) for k, v in d_block.items()},
+                                                  t)]))
+        grading.require_close(
+            f"gradients on {case.name}", dict(zip(_GRAD_NAMES, program(*args))), expected,
+            hint="dw1, db1, dw2 are this device's slices and need no collective; db2 is the sum "
+                 "of dy over the batch, the same on every device; dx is dy plus the all-reduce "
+                 "(f's backward) of each device's partial dx.")
+        _require_one_all_reduce(f"{case.name}: backward collectives", program, args,
+                                4 * x.size, "all-reduce the partial dx once (f's backward).")
+
+
+KEY["lab04.3"] = grading.code(
+    _check_forward, name="Megatron MLP forward",
+    hint="w1 split by columns, w2 by rows: one psum of the partial output, then add x and b2.",
+    exports=[_export(case, with_dy=False) for case in _CASES])
+KEY["lab04.4"] = grading.code(
+    _check_backward, name="Megatron MLP backward",
+    hint="Write the backward by hand: the chain rule through relu, one psum of dx.",
+    exports=[_export(case, with_dy=True) for case in _CASES])

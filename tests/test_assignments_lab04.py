@@ -1,0 +1,61 @@
+"""The programming assignments of lab 04 (the Megatron MLP block's forward, lab04.3, and its
+hand-written backward, lab04.4): the instructor's solutions, taken from the lab's solution cells,
+pass the key's hidden tests on 2, 4 and 8 devices, and each bug planted into them fails the
+hidden test that names it.
+
+Programs are exported and rebuilt in this process as a submission's kernel and the grader do
+(:func:`clusterlab.grading.judge`).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from assignment_support import KEYS, lab_sources, solution_functions
+from clusterlab import grading
+
+_LAB04 = lab_sources("04", ["lab04-megatron-forward", "lab04-megatron-backward"])
+_KEY04 = grading.load_key(KEYS / "lab04.py")
+_FIRST04 = "2 devices, D = 6, H = 10, batch 5"   # the first hidden case
+_G = "jax.lax.psum(partial, axis_name)"
+_F = "jax.lax.psum(d_pre @ w1.T, axis_name)"
+
+
+def _judge(key_id: str, function_name: str, planted=None) -> grading.Verdict:
+    return grading.judge(_KEY04, key_id, solution_functions(_LAB04, planted)[function_name], {})
+
+
+@pytest.mark.parametrize("key_id, function_name", [("lab04.3", "megatron_mlp_forward"),
+                                                   ("lab04.4", "megatron_mlp_grads")])
+def test_lab04_solutions_pass_on_2_4_and_8_devices(key_id, function_name):
+    assert sorted(e.n_devices for e in _KEY04[key_id].exports) == [2, 4, 8]
+    verdict = _judge(key_id, function_name)
+    assert verdict.passed, verdict.line
+
+
+@pytest.mark.parametrize("key_id, function_name, planted, failed", [
+    ("lab04.3", "megatron_mlp_forward", (_G, "partial"), f"output on {_FIRST04}"),
+    ("lab04.3", "megatron_mlp_forward",
+     ("x[0] + " + _G + " + b2[0]", "x[0] + jax.lax.psum(partial + b2[0], axis_name)"),
+     f"output on {_FIRST04}"),
+    ("lab04.4", "megatron_mlp_grads", (_F, "d_pre @ w1.T"), f"gradients on {_FIRST04}"),
+    ("lab04.4", "megatron_mlp_grads", ("dy.sum(0))", "jax.lax.psum(dy.sum(0), axis_name))"),
+     f"gradients on {_FIRST04}"),
+    ("lab04.4", "megatron_mlp_grads",
+     ("dx = dy + " + _F, "dx = jax.lax.psum(dy + d_pre @ w1.T, axis_name) / 1"),
+     f"gradients on {_FIRST04}"),
+], ids=["g left out (no psum in the forward)", "b2 added on every device before the psum",
+        "f left out (dx not all-reduced)", "db2 t times too large (psum of db2)",
+        "dy all-reduced with dx (t x dy in dx)"])
+def test_lab04_planted_bug_fails_its_hidden_test_by_name(key_id, function_name, planted, failed):
+    verdict = _judge(key_id, function_name, planted)
+    assert not verdict.passed
+    assert f": {failed}: " in verdict.line and "Hint:" in verdict.line, verdict.line
+
+
+@pytest.mark.parametrize("key_id, function_name, cell", [
+    ("lab04.3", "megatron_mlp_forward", 0), ("lab04.4", "megatron_mlp_grads", 2)])
+def test_lab04_skeletons_are_refused_with_their_error(key_id, function_name, cell):
+    skeleton = solution_functions(_LAB04[cell:cell + 1])[function_name]
+    verdict = grading.judge(_KEY04, key_id, skeleton, {})
+    assert not verdict.passed and "raised NotImplementedError" in verdict.line
