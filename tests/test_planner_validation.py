@@ -31,6 +31,7 @@ from __future__ import annotations
 import pytest
 
 from clusterlab import costmodel, hardware, plan
+from clusterlab.published import training_runs
 
 
 def _error(predicted: float, published: float) -> float:
@@ -130,20 +131,14 @@ def test_palm_540b_on_6144_tpu_v4():
     assert not predicted.validated
 
 
-LLAMA3_405B = plan.Workload(405e9, 8192, 2048, n_tokens=15.6e12, n_layers=126, d_model=16384)
-
-
-@pytest.mark.parametrize("n_gpus, dp, published_mfu, expected_error, tolerance", [
-    # Dubey et al. 2024, Table 4 [dubey2024]: 405B, 126 layers, width 16384, sequence 8192,
-    # 16M tokens per batch, tensor 8 x pipeline 16; 8192 GPUs: dp 64, 43% BF16 MFU;
-    # 16384 GPUs: dp 128, 41%.
-    (8192, 64, 0.43, -0.158, 0.20),      # predicted 36.2%
-    (16384, 128, 0.41, -0.333, 0.35),    # predicted 27.3%
-])
-def test_llama3_405b_on_h100(n_gpus, dp, published_mfu, expected_error, tolerance):
-    cluster = plan.cluster("H100", n_gpus, storage_read_bytes_per_s=1e12)
-    predicted = plan.predict(LLAMA3_405B, cluster, plan.Layout(dp=dp, tp=8, pp=16, zero_stage=1))
-    error = _error(predicted.mfu, published_mfu)
+@pytest.mark.parametrize("run, expected_error, tolerance", [
+    # Dubey et al. 2024, Table 4 [dubey2024] (published.training_runs.LLAMA3_405B): 8192 GPUs,
+    # dp 64, 43% BF16 MFU; 16384 GPUs, dp 128, 41%.
+    (training_runs.LLAMA3_405B[0], -0.158, 0.20),      # predicted 36.2%
+    (training_runs.LLAMA3_405B[1], -0.333, 0.35),      # predicted 27.3%
+], ids=["8192 GPUs", "16384 GPUs"])
+def test_llama3_405b_on_h100(run, expected_error, tolerance):
+    error = _error(plan.predict_published(run).mfu, run.mfu)
     # With 16 stages and 2048/dp micro-batches of one sequence per replica (32 at 8192 GPUs,
     # 16 at 16384), the plain bubble (p-1)/(m+p-1) is 32% and 48% of the pipeline's time; Llama 3
     # interleaved its schedule, which divides the bubble, so the planner under-predicts, and
@@ -156,17 +151,15 @@ def test_llama3_error_is_the_bubble():
     # The claim in the comment above, checked: with an interleaved schedule of v = 4 chunks
     # per GPU (an illustration, not a figure from the paper) the error at 16384 GPUs shrinks
     # below 15%.
-    cluster = plan.cluster("H100", 16384, storage_read_bytes_per_s=1e12)
-    plain = plan.predict(LLAMA3_405B, cluster, plan.Layout(dp=128, tp=8, pp=16, zero_stage=1))
-    interleaved = plan.predict(LLAMA3_405B, cluster,
-                               plan.Layout(dp=128, tp=8, pp=16, zero_stage=1, virtual_stages=4))
+    run = training_runs.LLAMA3_405B[1]
+    plain = plan.predict_published(run)
+    interleaved = plan.predict_published(run, virtual_stages=4)
     assert interleaved.bubble_s == pytest.approx(plain.bubble_s / 4)
-    assert abs(_error(interleaved.mfu, 0.41)) < 0.15
+    assert abs(_error(interleaved.mfu, run.mfu)) < 0.15
     assert plain.bottleneck == "pipeline bubble"
 
 
 # --- Korthikanti et al. 2022: Table 5 times, Figure 1 memory (published.training_runs) -------
-from clusterlab.published import training_runs  # noqa: E402
 
 MEGATRON = plan.Assumptions(fp32_grad_accumulation=True)   # Megatron's 18 bytes per parameter
 

@@ -33,7 +33,7 @@ from clusterlab.plan.power import (PUE_HYPERSCALE, PUE_INDUSTRY_AVERAGE, cluster
                                    facility_power_w, gpus_within_power,
                                    peak_flops_per_facility_w)
 from clusterlab.plan.prediction import (BYTES_PER_VALUE, Plan, dp_all_reduce, dp_all_reduce_s,
-                                        predict)
+                                        predict, predict_published)
 from clusterlab.plan.search import (best_plan, candidate_layouts, describe_plan, format_plans,
                                     gpus_needed, rank_layouts)
 from clusterlab.plan.step import (BACKWARD_FRACTION, StepTime,
@@ -48,5 +48,5 @@ __all__ = [
     "cluster_power_w", "data_parallel_step", "default_shape", "describe_plan", "dp_all_reduce",
     "dp_all_reduce_s", "fabric_step", "facility_power_w", "format_plans", "gpus_needed",
     "gpus_within_power", "hidden_all_reduce_s", "model_shape", "network_to_match",
-    "peak_flops_per_facility_w", "predict", "rank_layouts",
+    "peak_flops_per_facility_w", "predict", "predict_published", "rank_layouts",
 ]

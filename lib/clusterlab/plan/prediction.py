@@ -19,6 +19,8 @@ from clusterlab.hardware import ClusterSpec
 from clusterlab.plan._network import all_reduce, group_of
 from clusterlab.plan.step import hidden_all_reduce_s
 from clusterlab.plan.workload import Assumptions, Layout, Workload
+from clusterlab.plan.workload import cluster as plan_cluster
+from clusterlab.published import training_runs
 
 BYTES_PER_VALUE = 2  # BF16: parameters, gradients and activations as they travel (2 bytes)
 
@@ -383,3 +385,22 @@ def predict(workload: Workload, cluster: ClusterSpec, layout: Layout,
                 hardware_flops_per_step=(workload.tokens_per_step
                                          * workload.hardware_flops_per_token),
                 dp_estimate=dp_estimate, tp_estimate=tp_estimate)
+
+
+def predict_published(run: training_runs.MfuRun, *, zero_stage: int = 1,
+                      virtual_stages: int = 1) -> Plan:
+    """The planner's prediction for a published MFU run (:data:`clusterlab.published.
+    training_runs.LLAMA3_405B`), on its GPUs under its layout, with storage fast enough never to
+    be the bottleneck (the paper's storage is not what is tested).
+
+    Args:
+        run: the published run.
+        zero_stage, virtual_stages: what the paper does not pin down (Llama 3 shards the
+            optimizer state and interleaves its pipeline; the defaults are the plain schedule).
+    """
+    cluster_spec = plan_cluster(run.gpu, run.n_gpus, storage_read_bytes_per_s=1e12)
+    workload = Workload(run.n_params, run.seq_len, run.global_batch, n_tokens=run.n_tokens,
+                        n_layers=run.n_layers, d_model=run.d_model)
+    layout = Layout(dp=run.dp, tp=run.tp, pp=run.pp, zero_stage=zero_stage,
+                    virtual_stages=virtual_stages)
+    return predict(workload, cluster_spec, layout)

@@ -120,3 +120,45 @@ def rows(*, timed: bool | None = None, with_memory: bool | None = None) -> list[
     return [r for r in ROWS
             if (timed is None or (r.iteration_s is not None) == timed)
             and (with_memory is None or (r.activations_gib is not None) == with_memory)]
+
+
+DUBEY_2024 = "Dubey et al. 2024 (The Llama 3 Herd of Models, arXiv:2407.21783), Table 4"
+
+
+class MfuRun(NamedTuple):
+    """A published run reported by its MFU (BF16 model FLOPs over peak) rather than a step time.
+
+    Attributes:
+        name: the model; n_params, n_layers, d_model: its size and shape.
+        seq_len: tokens per sequence; global_batch: sequences per step; n_tokens: training tokens.
+        gpu, n_gpus, tp, pp: the cluster and the layout (``dp`` = n_gpus / (tp pp)).
+        mfu: the published MFU; source: where it is; role: ``"test"`` (no parameter is set
+            from it).
+    """
+
+    name: str
+    n_params: float
+    n_layers: int
+    d_model: int
+    seq_len: int
+    global_batch: int
+    n_tokens: float
+    gpu: str
+    n_gpus: int
+    tp: int
+    pp: int
+    mfu: float
+    source: str = DUBEY_2024
+    role: str = "test"
+
+    @property
+    def dp(self) -> int:
+        """Data-parallel replicas."""
+        return self.n_gpus // (self.tp * self.pp)
+
+
+#: Llama 3 405B (126 layers, width 16384, sequences of 8192, 16M tokens per batch, tensor 8 x
+#: pipeline 16) on 8192 and 16384 H100: 43% and 41% BF16 MFU.
+LLAMA3_405B: tuple[MfuRun, ...] = tuple(
+    MfuRun("Llama 3 405B", 405e9, 126, 16384, 8192, 2048, 15.6e12, "H100", n_gpus, 8, 16, mfu)
+    for n_gpus, mfu in ((8192, 0.43), (16384, 0.41)))
