@@ -13,6 +13,7 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import nbformat
+import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
 
@@ -170,6 +171,21 @@ def test_a_student_function_that_raises_is_refused_with_the_error():
     # the kernel traces it to export it: the error is the tracer's
     assert verdict.line == ("✗ double: your function raised AttributeError: DynamicJaxprTracer "
                             "has no attribute missing Return twice the input.")
+
+
+def test_a_function_that_ignores_an_input_is_judged_on_those_it_reads():
+    # jax.export drops an input the function never reads (a hand-written backward needs no
+    # bias); the rebuilt program still takes every input the key passes it
+    def doubles_its_first_input(programs):
+        (program,) = programs
+        x = np.arange(8.0, dtype=np.float32)
+        grading.require_close("its result", program(x, np.ones(8, np.float32)), 2 * x)
+
+    key = {"lab98.9": grading.code(doubles_its_first_input, name="first input doubled",
+                                   exports=[grading.Export(args=[((8,), "float32")] * 2,
+                                                           n_devices=2, wrap="shard_map")])}
+    verdict = grading.judge(key, "lab98.9", lambda x, _unused, axis_name: 2 * x, {})
+    assert verdict.passed, verdict.line
 
 
 # --- python -m clusterlab grade: a submitted notebook, run in its own kernel --------------------

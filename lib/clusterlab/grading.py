@@ -274,6 +274,9 @@ def rehydrate(data, export: Export) -> Program:
                     for shape, dtype in data["out"])
     in_avals = tuple(core.ShapedArray(tuple(shape), np.dtype(dtype)) for shape, dtype in
                      export.args)
+    kept = tuple(data.get("kept", range(len(in_avals))))
+    if sorted(set(kept)) != list(kept) or any(not 0 <= int(i) < len(in_avals) for i in kept):
+        raise Refused(f"its program names inputs {list(kept)} of {len(in_avals)}.")
     single = bool(data["single"]) and len(outputs) == 1
     out_tree = jax.tree_util.tree_structure(0 if single else (0,) * len(outputs))
     none_in, none_out = (None,) * len(in_avals), (None,) * len(outputs)
@@ -285,7 +288,7 @@ def rehydrate(data, export: Export) -> Program:
         ordered_effects=(), unordered_effects=(), disabled_safety_checks=(),
         mlir_module_serialized=base64.b64decode(data["mlir"]),
         calling_convention_version=int(data["version"]),
-        module_kept_var_idx=tuple(range(len(in_avals))), uses_global_constants=False,
+        module_kept_var_idx=tuple(int(i) for i in kept), uses_global_constants=False,
         _get_vjp=None)
     targets = {a or b for a, b in _CUSTOM_CALL.findall(exported.mlir_module())}
     unsafe = sorted(t for t in targets if not _SAFE_CUSTOM_CALLS.match(t))

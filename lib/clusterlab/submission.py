@@ -67,7 +67,8 @@ def export_program(function: Callable, request: ExportRequest) -> dict:
 
     Returns:
         ``{"mlir": base64 StableHLO bytecode, "nr_devices", "out": [[shape, dtype], ...],
-        "single": whether the output is one array, "version": calling convention}``.
+        "single": whether the output is one array, "version": calling convention, "kept": the
+        inputs the program reads (``jax.export`` drops those a function never uses)}``.
     """
     import jax  # here: this module is imported by check, which chapters import without JAX
     from jax.sharding import Mesh
@@ -88,7 +89,8 @@ def export_program(function: Callable, request: ExportRequest) -> dict:
             "nr_devices": exported.nr_devices, "single": single,
             "out": [[list(a.shape), str(a.dtype)] for a in exported.out_avals],
             "effects": bool(exported.ordered_effects or exported.unordered_effects),
-            "version": exported.calling_convention_version}
+            "version": exported.calling_convention_version,
+            "kept": [int(i) for i in exported.module_kept_var_idx]}
 
 
 def export_answer(value, exports: Sequence[ExportRequest]) -> object:
