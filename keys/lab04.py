@@ -85,8 +85,7 @@ def _inputs(case: _Case) -> tuple[dict, np.ndarray, np.ndarray]:
 
 def _export(case: _Case, with_dy: bool) -> grading.Export:
     t, d, h, b = case.devices, case.d_model, case.d_hidden, case.batch_size
-    # the backward takes dy in b2's place: b2 enters no gradient, and jax.export drops an
-    # argument the function never reads, which the rebuilt program then cannot be called with
+    # the backward takes dy in b2's place: b2 enters no gradient of the block
     shapes = [(t, b, d), (t, d, h // t), (t, h // t), (t, h // t, d), (t, d)]
     shapes[-1] = (t, b, d) if with_dy else (t, d)
     return grading.Export(args=[(s, "float32") for s in shapes], n_devices=t, wrap="shard_map",
