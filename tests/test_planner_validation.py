@@ -2,7 +2,8 @@
 
 Every published figure below is compared with what ``clusterlab`` predicts for the same
 configuration from datasheet numbers and the planner's *default* assumptions
-(``plan.Assumptions()``: 60% of peak while computing, half of the data-parallel all-reduce
+(``plan.Assumptions()``: compute priced per GEMM by ``clusterlab.gemm`` from SM counts, HBM
+bandwidth and a published matmul benchmark's ceiling, half of the data-parallel all-reduce
 hidden). Nothing is fitted to these runs. Each test states the error found when it was written
 (``(predicted - published) / published``) and asserts it stays within a stated tolerance, so a
 change to the models that moves a prediction shows up here.
@@ -14,11 +15,19 @@ figure                                           published   predicted   error
 ==============================================  ==========  ==========  =======
 ring all-reduce busbw, 8 x H100 (NCCL #1455)     367.5 GB/s  358.6 GB/s  -2.4%
 NVLink SHARP all-reduce busbw, 8 x H100          480 GB/s    474.6 GB/s  -1.1%
-Megatron-LM 1T, 3072 A100 (HFU, recompute)       52%         50.2%       -3.4%
-PaLM 540B, 6144 TPU v4 (MFU)                     46.2%       41.5%       -10%
-Llama 3 405B, 8192 H100 (MFU)                    43%         36.2%       -16%
-Llama 3 405B, 16384 H100 (MFU)                   41%         27.3%       -33%
+Megatron-LM 1T, 3072 A100 (HFU, recompute)       52%         66.3%       +27%
+PaLM 540B, 6144 TPU v4 (MFU)                     46.2%       47.1%       +2.0%
+Llama 3 405B, 8192 H100 (MFU)                    43%         44.9%       +4.4%
+Llama 3 405B, 16384 H100 (MFU)                   41%         33.9%       -17%
+Korthikanti Table 5, 8 rows (iteration time)     see below               -12% to -22%
 ==============================================  ==========  ==========  =======
+
+The per-GEMM compute model reaches 63-66% of the A100's peak on these models' layers (the
+benchmark's ceiling, 86.9%, less wave quantization, memory-bound attention and element-wise
+kernels); the 2021-22 Megatron runs reached less (HFU 52-57%), so their times are
+under-predicted (Korthikanti, -12% to -22%, median |error| 15.9%: the issue's goal of 10% is
+not met) and Megatron 1T's HFU over-predicted (+27%). The benchmark was measured with 2025
+software (torch 2.6, CUDA 12.6); the gap is not fitted away.
 
 The bandwidth rows are priced by ``costmodel.cluster_collective`` (see
 ``tests/test_network_model.py`` for its whole validation); the MFU model under-predicts Llama 3
@@ -27,6 +36,8 @@ paper's table does not quantify.
 """
 
 from __future__ import annotations
+
+import statistics
 
 import pytest
 
@@ -83,12 +94,14 @@ def test_megatron_1t_on_3072_a100():
     cluster = plan.cluster("A100", 3072, storage_read_bytes_per_s=100e9, fabric_link="IB-HDR")
     predicted = plan.predict(workload, cluster, plan.Layout(dp=6, tp=8, pp=64))
     error = _error(predicted.hfu, 0.52)
-    # Error -3.4% (predicted HFU 50.2%): the 64-stage bubble (11% of the step), the
-    # tensor-parallel all-reduces (5%, priced by costmodel.cluster_collective: NVLink at 82%
-    # of line rate plus latency) and the pipeline sends (0.5%) lower it from the assumed
-    # 60%.
-    assert error == pytest.approx(-0.034, abs=0.01)
-    assert abs(error) < 0.05
+    # Error +27.5% (predicted HFU 66.3%; 50.2% at the former constant 0.6 of peak): per GEMM
+    # the layer reaches 81% of peak (the A100's matmul ceiling 86.9% less wave quantization and
+    # the memory-bound attention GEMMs and element-wise kernels), the bubble (11% of the step)
+    # and tensor-parallel all-reduces (6%) lower it; Megatron's 2021 kernels reached less of
+    # the peak than the 2025 benchmark's. Beyond the 25% goal: the planner over-predicts this
+    # run's utilization.
+    assert error == pytest.approx(0.275, abs=0.01)
+    assert abs(error) < 0.30
     assert predicted.mfu == pytest.approx(0.75 * predicted.hfu)
 
 
@@ -122,20 +135,23 @@ def test_palm_540b_on_6144_tpu_v4():
     predicted = plan.predict(workload, cluster,
                              plan.Layout(dp=512, tp=12, pp=1, zero_stage=3, micro_batch=4))
     error = _error(predicted.mfu, 0.462)
-    # Error -10.2% (predicted 41.5%): the full recomputation the planner assumes (4/3 of the
-    # FLOPs, not PaLM's 1.25: -6%) and the tensor-parallel all-reduces (7% of the step),
-    # priced as NCCL 2.30.7 would run them on NVLink (NVLS over 12 ranks), which a TPU's ICI
-    # need not match. Nothing in this pricing is validated for a TPU: the plan says so.
-    assert error == pytest.approx(-0.102, abs=0.01)
-    assert abs(error) < 0.16
+    # Error +2.0% (predicted 47.1%; -10.2% at the former constant 0.6): a TPU has no SM count
+    # and no matmul benchmark row in clusterlab.gemm, so its GEMMs run at the unmeasured GPU's
+    # ceiling (72.9%, the lowest NVIDIA row) without wave quantization; the full recomputation
+    # the planner assumes (4/3 of the FLOPs, not PaLM's 1.25: -6%) and the tensor-parallel
+    # all-reduces (8% of the step), priced as NCCL would run them on NVLink, lower it. Nothing
+    # in this pricing is validated for a TPU: the plan says so.
+    assert error == pytest.approx(0.020, abs=0.01)
+    assert abs(error) < 0.10
     assert not predicted.validated
 
 
 @pytest.mark.parametrize("run, expected_error, tolerance", [
     # Dubey et al. 2024, Table 4 [dubey2024] (published.training_runs.LLAMA3_405B): 8192 GPUs,
     # dp 64, 43% BF16 MFU; 16384 GPUs, dp 128, 41%.
-    (training_runs.LLAMA3_405B[0], -0.158, 0.20),      # predicted 36.2%
-    (training_runs.LLAMA3_405B[1], -0.333, 0.35),      # predicted 27.3%
+    # Per-GEMM compute (H100: 132 SMs, ceiling 80.3%) in place of the constant 0.6 of peak:
+    (training_runs.LLAMA3_405B[0], 0.044, 0.10),       # predicted 44.9% (36.2% at 0.6)
+    (training_runs.LLAMA3_405B[1], -0.174, 0.20),      # predicted 33.9% (27.3% at 0.6)
 ], ids=["8192 GPUs", "16384 GPUs"])
 def test_llama3_405b_on_h100(run, expected_error, tolerance):
     error = _error(plan.predict_published(run).mfu, run.mfu)
@@ -149,13 +165,15 @@ def test_llama3_405b_on_h100(run, expected_error, tolerance):
 
 def test_llama3_error_is_the_bubble():
     # The claim in the comment above, checked: with an interleaved schedule of v = 4 chunks
-    # per GPU (an illustration, not a figure from the paper) the error at 16384 GPUs shrinks
-    # below 15%.
+    # per GPU (an illustration, not a figure from the paper) the bubble is a quarter and the
+    # planner over-predicts the MFU at 16384 GPUs (+27%) where the plain schedule
+    # under-predicts it (-17%): the published run lies between the two schedules.
     run = training_runs.LLAMA3_405B[1]
     plain = plan.predict_published(run)
     interleaved = plan.predict_published(run, virtual_stages=4)
     assert interleaved.bubble_s == pytest.approx(plain.bubble_s / 4)
-    assert abs(_error(interleaved.mfu, run.mfu)) < 0.15
+    assert plain.mfu < run.mfu < interleaved.mfu
+    assert _error(interleaved.mfu, run.mfu) == pytest.approx(0.266, abs=0.02)
     assert plain.bottleneck == "pipeline bubble"
 
 
@@ -189,12 +207,47 @@ def test_korthikanti_figure_1_memory(run):
     assert abs(states_error) < 0.001 and abs(activation_error) < 0.001
 
 
-# Errors found (default compute_efficiency 0.6): full 22B -12.8%, 175B +1.7%, 530B +8.6%,
-# 1T +12.9%; selective 22B -16.1%, 175B +0.3%, 530B +5.8%, 1T +11.8%. Median |error| 10.2%.
-@pytest.mark.parametrize("run, expected", list(zip(training_runs.rows(timed=True), [
-    -0.128, -0.161, 0.017, 0.003, 0.086, 0.058, 0.129, 0.118])), ids=str)
+# Errors found with the per-GEMM compute model (clusterlab.gemm; A100: 108 SMs, matmul ceiling
+# 86.9% of peak): full 22B -16.2%, 175B -12.5%, 530B -15.1%, 1T -13.1%; selective 22B -22.0%,
+# 175B -16.5%, 530B -18.9%, 1T -15.7%. Median |error| 15.9% (10.2% at the former constant 0.6
+# of peak, -16% to +13%): the spread across sizes shrank from 29 to 10 points, but every row is
+# now under-predicted, the benchmark's ceiling (2025 software) being above what Megatron's
+# 2022 kernels reached. The goal of a 10% median is not met; every row is within 25%.
+# Selective recomputation is under-predicted more than full: the time it adds is attention's
+# score kernels, priced at the datasheet's HBM bandwidth.
+KORTHIKANTI_ERRORS = [-0.162, -0.220, -0.125, -0.165, -0.151, -0.189, -0.131, -0.157]
+
+
+@pytest.mark.parametrize("run, expected", list(zip(training_runs.rows(timed=True),
+                                                   KORTHIKANTI_ERRORS)), ids=str)
 def test_korthikanti_table_5_times(run, expected):
     error = _error(_korthikanti(run).step_s, run.iteration_s)
     print(f"{run.name} {run.recompute}: {error:+.1%}")
     assert error == pytest.approx(expected, abs=0.01)
-    assert abs(error) < 0.2
+    assert abs(error) < 0.25
+
+
+def _median_abs(errors: list[float]) -> float:
+    return statistics.median(abs(e) for e in errors)
+
+
+def test_korthikanti_errors_by_regime():
+    # Median |error| per regime: small (22B) against large (175B-1T) models, full against
+    # selective recomputation. The goal (median <= 10%) is not met in any regime; every row is
+    # within 25%, and every row is under-predicted.
+    errors = {run: _error(_korthikanti(run).step_s, run.iteration_s)
+              for run in training_runs.rows(timed=True)}
+    regimes = {
+        "all": list(errors.values()),
+        "22B": [e for r, e in errors.items() if r.name == "22B"],
+        ">= 175B": [e for r, e in errors.items() if r.name != "22B"],
+        "full": [e for r, e in errors.items() if r.recompute == "full"],
+        "selective": [e for r, e in errors.items() if r.recompute == "selective"],
+    }
+    medians = {name: _median_abs(errs) for name, errs in regimes.items()}
+    print({name: f"{m:.1%}" for name, m in medians.items()})
+    expected = {"all": 0.159, "22B": 0.191, ">= 175B": 0.154, "full": 0.141,
+                "selective": 0.177}
+    assert medians == pytest.approx(expected, abs=0.01)
+    assert all(e < 0 for e in errors.values())
+    assert max(abs(e) for e in errors.values()) < 0.25

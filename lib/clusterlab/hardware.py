@@ -41,6 +41,10 @@ class GPU:
     #                                only the power of the whole system (GB200/GB300 racks)
     marketed_memory_bytes: float | None = None  # the datasheet's "80 GB" (GB = 1e9 bytes);
     #                                None: the same as memory_bytes (no measured total known)
+    #: streaming multiprocessors (SMs) of the SXM part, from the architecture whitepaper; the
+    #: GEMM model (clusterlab.gemm) runs tiles in waves over them. None: no source cited, and
+    #: clusterlab.gemm prices its matmuls at the ceiling alone, without wave quantization.
+    sm_count: int | None = None
 
     def __post_init__(self) -> None:
         if self.marketed_memory_bytes is None:
@@ -71,16 +75,17 @@ GPUS: dict[str, GPU] = {
             nvlink_bytes_per_s=300e9, nvlink_generation=3,
             source="NVIDIA A100 datasheet (80GB SXM; PCIe Gen4; no FP8; max TDP 400 W) "
                    "[nvidia_a100_datasheet]; memory: 80 GB as marketed, 81,920 MiB (80 GiB) as "
-                   "nvidia-smi reports it [modal_client_pr2797]",
-            pcie="PCIe4x16", tdp_w=400.0),
+                   "nvidia-smi reports it [modal_client_pr2797]; 108 SMs "
+                   "[nvidia_ampere_whitepaper]",
+            pcie="PCIe4x16", tdp_w=400.0, sm_count=108),
         GPU("H100", memory_bytes=81559 * 2**20, marketed_memory_bytes=80e9,
             hbm_bytes_per_s=3.35e12, bf16_flops=989e12,
             nvlink_bytes_per_s=450e9, nvlink_generation=4,
             source="NVIDIA H100 datasheet (SXM5; 1,979 TFLOPS BF16 and 3,958 TFLOPS FP8 are with "
                    "sparsity, half of each dense; max TDP up to 700 W) [nvidia_h100_datasheet]; "
                    "memory: 80 GB as marketed, 81,559 MiB as nvidia-smi reports each 'H100 80GB "
-                   "HBM3' [nccl_issue1264]",
-            fp8_flops=1979e12, tdp_w=700.0),
+                   "HBM3' [nccl_issue1264]; 132 SMs (SXM5) [nvidia_hopper_whitepaper]",
+            fp8_flops=1979e12, tdp_w=700.0, sm_count=132),
         GPU("H200", memory_bytes=141e9, marketed_memory_bytes=141e9,
             hbm_bytes_per_s=4.8e12, bf16_flops=989e12,
             nvlink_bytes_per_s=450e9, nvlink_generation=4,

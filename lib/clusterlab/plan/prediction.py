@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from clusterlab import costmodel, flops, memory, storage
+from clusterlab import costmodel, flops, gemm, memory, storage
 from clusterlab.hardware import ClusterSpec
 from clusterlab.plan._network import all_reduce, group_of
 from clusterlab.plan.step import hidden_all_reduce_s
@@ -42,7 +42,7 @@ class Plan:
     memory_limit_bytes: float    # GPU memory less the reserve
     states_bytes: float          # parameters, gradients, optimizer state (ZeRO-sharded)
     activation_bytes: float      # activations kept for the backward pass, busiest stage
-    compute_s: float             # forward + backward + recomputation at compute_efficiency
+    compute_s: float             # forward + backward + recomputation (_compute_s)
     tp_comm_s: float             # tensor-parallel all-reduces, node interconnect, not hidden
     pp_comm_s: float             # pipeline sends of activations and their gradients, not hidden
     bubble_s: float              # pipeline bubble: (p-1)/(v m) of compute + tp
@@ -240,12 +240,42 @@ def _memory(workload: Workload, layout: Layout, assumptions: Assumptions,
     return states_bytes, layer_bytes * math.ceil(n_layers / layout.pp) * in_flight
 
 
-def _compute_s(workload: Workload, cluster: ClusterSpec, assumptions: Assumptions) -> float:
-    """Forward, backward and recomputation, ``Workload.hardware_flops_per_token`` of every
-    token, at ``compute_efficiency`` of the cluster's peak."""
-    hardware_flops = workload.tokens_per_step * workload.hardware_flops_per_token
-    return hardware_flops / (cluster.n_gpus * cluster.gpu.bf16_flops
-                             * assumptions.compute_efficiency)
+def mlp_width(workload: Workload) -> float:
+    """The MLP width ``f`` that gives a layer its share of the parameters: ``N/L`` less
+    attention's ``4 d^2``, over the MLP's two ``d x f`` matrices (``4 d`` for a GPT-style model
+    of ``12 L d^2``), so that the layer's GEMMs count ``Workload.hardware_flops_per_token``."""
+    n_layers, d_model = workload.shape
+    width = (workload.n_params / n_layers - 4.0 * d_model**2) / (2.0 * d_model)
+    if width <= 0:
+        raise ValueError(f"{workload.n_params:.3g} parameters over {n_layers} layers leave no MLP "
+                         f"beside attention's 4 d^2 (d = {d_model}); give fewer layers or a "
+                         f"narrower d_model.")
+    return width
+
+
+def _compute_s(workload: Workload, cluster: ClusterSpec, layout: Layout,
+               assumptions: Assumptions, microbatches: int) -> float:
+    """Forward, backward and recomputation of one replica's ``microbatches`` through its
+    ``L / pp`` layers.
+
+    By default (``compute_efficiency`` None) each layer is
+    :func:`clusterlab.gemm.transformer_layer_time_s`: its GEMMs priced by shape (tile and wave
+    quantization over the SMs, the ceiling of a published matmul benchmark, the memory-bound
+    regime) and its element-wise kernels by their bytes over HBM bandwidth. With a
+    ``compute_efficiency`` (a calibration), ``Workload.hardware_flops_per_token`` of every
+    token at that fraction of the cluster's peak.
+    """
+    if assumptions.compute_efficiency is not None:
+        hardware_flops = workload.tokens_per_step * workload.hardware_flops_per_token
+        return hardware_flops / (cluster.n_gpus * cluster.gpu.bf16_flops
+                                 * assumptions.compute_efficiency)
+    n_layers, d_model = workload.shape
+    layer_s = gemm.transformer_layer_time_s(
+        cluster.gpu, workload.seq_len, layout.micro_batch, d_model, workload.heads,
+        ffn_hidden=mlp_width(workload), tensor_parallel=layout.tp,
+        sequence_parallel=layout.sequence_parallel and layout.tp > 1,
+        recompute=workload.recompute_policy)
+    return layer_s * n_layers / layout.pp * microbatches
 
 
 def _tensor_parallel(workload: Workload, cluster: ClusterSpec, layout: Layout,
@@ -340,7 +370,8 @@ def predict(workload: Workload, cluster: ClusterSpec, layout: Layout,
 
     * memory (:func:`_memory`): ZeRO-sharded model states plus the schedule's in-flight
       activations (1F1B or interleaved);
-    * compute: the step's FLOPs, recomputation included, at ``compute_efficiency``;
+    * compute (:func:`_compute_s`): each layer's GEMMs by shape and its element-wise kernels by
+      bytes (:mod:`clusterlab.gemm`), or the step's FLOPs at a given ``compute_efficiency``;
     * tensor parallel: Megatron's all-reduces per layer, each by
       :func:`clusterlab.costmodel.cluster_collective` on the ``tp`` GPUs of a node;
     * pipeline sends: activations forward and gradients back, not hidden;
@@ -369,7 +400,7 @@ def predict(workload: Workload, cluster: ClusterSpec, layout: Layout,
     """
     m = _check_layout(workload, cluster, layout)
     states_bytes, activation_bytes = _memory(workload, layout, assumptions, m)
-    compute_s = _compute_s(workload, cluster, assumptions)
+    compute_s = _compute_s(workload, cluster, layout, assumptions, m)
     tp_s, tp_estimate = _tensor_parallel(workload, cluster, layout, m)
     pp_s = _pipeline_sends_s(workload, cluster, layout, m)
     bubble_s = _bubble_s(compute_s + tp_s, layout, m)

@@ -187,7 +187,10 @@ class Assumptions:
     lab on utilization measures the first).
     """
 
-    compute_efficiency: float = 0.6   # fraction of peak FLOP/s the kernels reach while computing
+    #: None: compute priced per GEMM by shape (clusterlab.gemm: waves over the SMs, a published
+    #: matmul benchmark's ceiling, the memory-bound regime); a number: the fraction of peak
+    #: FLOP/s every kernel reaches, a calibration from a measurement (lab 08's)
+    compute_efficiency: float | None = None
     dp_overlap: float = 0.5           # fraction of the data-parallel all-reduce hidden, at most
     #                                   the backward pass's time (hidden_all_reduce_s)
     activation_reserve: float = 0.1   # fraction of GPU memory kept free (workspace, fragments)
@@ -205,10 +208,11 @@ class Assumptions:
             raise ValueError(f"dp_contention_factor multiplies the all-reduce time and is >= 1 "
                              f"(1 = no contention), got {factor}; compute it with "
                              f"clusterlab.fabric.contention_factor.")
-        efficiency = positive("compute_efficiency", self.compute_efficiency)
-        if efficiency > 1:
-            raise ValueError(f"compute_efficiency is a fraction of peak, at most 1; got "
-                             f"{efficiency}.")
+        if self.compute_efficiency is not None:
+            efficiency = positive("compute_efficiency", self.compute_efficiency)
+            if efficiency > 1:
+                raise ValueError(f"compute_efficiency is a fraction of peak, at most 1 (or None "
+                                 f"for the per-GEMM model); got {efficiency}.")
         overlap = number("dp_overlap", self.dp_overlap)
         if not 0 <= overlap <= 1:
             raise ValueError(f"dp_overlap is a fraction in [0, 1]; got {overlap}.")

@@ -1,0 +1,268 @@
+"""The time of one BF16 matrix multiplication (GEMM) on one GPU, and of one transformer layer's.
+
+A GEMM ``(m x k) @ (k x n)`` is priced as a roofline, the larger of two times [nvidia_gemm_guide]:
+
+* compute: the output is cut into tiles of ``TILE_M x TILE_N`` and the tiles run in *waves* of
+  one tile per SM, ``waves = ceil(tiles / sm_count)``; a wave takes one tile's FLOPs,
+  ``2 TILE_M TILE_N k``, at the SM's share of the GPU's achievable matmul rate (the ceiling,
+  :func:`matmul_ceiling`, times the BF16 peak). A partial last wave costs a whole wave (wave
+  quantization), a partial tile a whole tile (tile quantization); a dimension smaller than a
+  tile gets a tile of its own size (cuBLAS picks smaller tiles for small problems). A GPU
+  without ``sm_count`` in :mod:`clusterlab.hardware` is priced at the ceiling alone, without
+  quantization;
+* memory: the bytes of A, B and C (2 bytes a value) over the datasheet's HBM bandwidth, which
+  is what a thin matmul (a matrix-vector product) is limited by.
+
+:func:`transformer_layer_gemms` lists the GEMMs of one GPT-style layer for one micro-batch on
+one tensor-parallel GPU, forward, backward and recomputed; :func:`transformer_layer_elementwise`
+the element-wise work (LayerNorm, GeLU, softmax, dropout, residuals), priced by its bytes over
+HBM bandwidth; :func:`transformer_layer_time_s` sums both.
+
+References:
+    [nvidia_gemm_guide] NVIDIA, "Matrix Multiplication Background User's Guide" (tile and wave
+    quantization, the 256x128 tile, arithmetic intensity of a GEMM).
+    [bekman_mamf] Bekman, Machine Learning Engineering Open Book, "Maximum Achievable Matmul
+    FLOPS comparison table" (BF16 MAMF per accelerator).
+    [korthikanti2022] Korthikanti et al., "Reducing Activation Recomputation in Large
+    Transformer Models", MLSys 2023 (the layer's activations, selective recomputation).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+from clusterlab import _checks
+from clusterlab.hardware import GPU
+
+#: The output tile of one thread block, rows x columns: the largest cuBLAS tile the GEMM guide
+#: lists (256x128) [nvidia_gemm_guide].
+TILE_M, TILE_N = 256, 128
+BYTES_PER_VALUE = 2  # BF16 operands and outputs
+MASK_BYTES = 1       # a dropout mask: one byte a value [korthikanti2022]
+
+#: Maximum achievable matmul FLOPS (MAMF) over the dense BF16 peak, the best shape of
+#: mamf-finder.py's search [bekman_mamf]: A100 SXM 271.2 / 312 TFLOPS, H100 SXM 794.5 / 989
+#: (its note: "H200 is the same"), B200 SXM 1745.0 / 2250, GB200 1822.0 / 2500.
+MAMF_FRACTION: dict[str, float] = {
+    "A100": 271.2 / 312, "H100": 794.5 / 989, "H200": 794.5 / 989,
+    "B200": 1745.0 / 2250, "GB200": 1822.0 / 2500,
+}
+#: The ceiling of a GPU without a MAMF row: the lowest NVIDIA row above (GB200's 72.9%), so
+#: that an unmeasured GPU is not assumed better than every measured one.
+UNMEASURED_CEILING = min(MAMF_FRACTION.values())
+
+Pass = Literal["forward", "dgrad", "wgrad", "recompute"]
+Operand = Literal["a", "b", "c"]
+
+
+@dataclass(frozen=True)
+class Gemm:
+    """One matrix multiplication ``C[m, n] = A[m, k] @ B[k, n]``, ``batch`` times (per head;
+    a fraction where heads do not divide evenly over the tensor-parallel GPUs, on average).
+
+    ``on_chip`` names operands that never touch HBM (a fused attention kernel keeps the
+    ``s x s`` scores in shared memory).
+    """
+
+    name: str
+    m: float
+    n: float
+    k: float
+    batch: float = 1
+    pass_: Pass = "forward"
+    on_chip: tuple[Operand, ...] = ()
+
+    def __post_init__(self) -> None:
+        for dim in ("m", "n", "k"):
+            _checks.positive(dim, getattr(self, dim))
+        _checks.positive("batch", self.batch)
+        if any(operand not in ("a", "b", "c") for operand in self.on_chip):
+            raise ValueError(f"on_chip names operands 'a', 'b' or 'c', got {self.on_chip!r}.")
+
+    @property
+    def flops(self) -> float:
+        """``2 m n k`` per multiplication, times ``batch``."""
+        return 2.0 * self.m * self.n * self.k * self.batch
+
+    @property
+    def hbm_bytes(self) -> float:
+        """Bytes of A, B and C that cross HBM (operands in ``on_chip`` left out)."""
+        sizes = {"a": self.m * self.k, "b": self.k * self.n, "c": self.m * self.n}
+        return BYTES_PER_VALUE * self.batch * sum(v for key, v in sizes.items()
+                                                  if key not in self.on_chip)
+
+
+@dataclass(frozen=True)
+class Elementwise:
+    """One element-wise kernel of a layer and the HBM bytes it reads and writes."""
+
+    name: str
+    hbm_bytes: float
+    pass_: Pass = "forward"
+
+
+def matmul_ceiling(gpu: GPU) -> float:
+    """The largest fraction of the BF16 peak a GEMM reaches on ``gpu`` (:data:`MAMF_FRACTION`;
+    :data:`UNMEASURED_CEILING` for a GPU without a published MAMF row)."""
+    return MAMF_FRACTION.get(gpu.name, UNMEASURED_CEILING)
+
+
+def gemm_compute_s(gemm: Gemm, gpu: GPU) -> float:
+    """Seconds of ``gemm``'s tiles in waves over the SMs at the ceiling (no memory limit)."""
+    rate_flops = gpu.bf16_flops * matmul_ceiling(gpu)
+    if gpu.sm_count is None:
+        return gemm.flops / rate_flops
+    tile_m, tile_n = min(TILE_M, gemm.m), min(TILE_N, gemm.n)
+    tiles = math.ceil(gemm.batch * math.ceil(gemm.m / tile_m) * math.ceil(gemm.n / tile_n))
+    waves = math.ceil(tiles / gpu.sm_count)
+    return waves * 2.0 * tile_m * tile_n * gemm.k / (rate_flops / gpu.sm_count)
+
+
+def gemm_time_s(gemm: Gemm, gpu: GPU) -> float:
+    """Seconds of one GEMM on one GPU: the larger of its compute (tiles in waves at the
+    ceiling, :func:`gemm_compute_s`) and its HBM traffic at the datasheet bandwidth.
+
+    Example: an 8192-cubed GEMM on an H100 runs 2,048 tiles in 16 waves of 132 SMs, 97% of the
+    ceiling's rate; a matrix-vector product runs at HBM bandwidth.
+    """
+    return max(gemm_compute_s(gemm, gpu), gemm.hbm_bytes / gpu.hbm_bytes_per_s)
+
+
+def _backward(forward: Gemm) -> tuple[Gemm, Gemm]:
+    """dgrad ``dA[m, k] = dC[m, n] @ B^T`` and wgrad ``dB[k, n] = A^T @ dC``: the forward's FLOPs
+    each; an operand kept on chip forward stays on chip (its gradient too)."""
+    f = forward
+    swap_dgrad = {"a": "c", "b": "b", "c": "a"}   # dgrad: (A, B, C) -> (dC, B^T, dA)
+    swap_wgrad = {"a": "a", "b": "c", "c": "b"}   # wgrad: (A, B, C) -> (A^T, dC, dB)
+    return (Gemm(f.name, f.m, f.k, f.n, f.batch, "dgrad",
+                 tuple(swap_dgrad[o] for o in f.on_chip)),
+            Gemm(f.name, f.k, f.n, f.m, f.batch, "wgrad",
+                 tuple(swap_wgrad[o] for o in f.on_chip)))
+
+
+def _recompute_policy(recompute: str) -> str:
+    if recompute not in ("flash", "none", "selective", "full"):
+        raise ValueError(f"recompute must be 'flash', 'none', 'selective' or 'full' "
+                         f"(plan.workload.RECOMPUTE_POLICIES), got {recompute!r}.")
+    return recompute
+
+
+def _recomputed(ops: list, recompute: str, attention: set[str]) -> list:
+    """The forward ops run again: all of them ("full"), attention's score ops ("selective")."""
+    again = [op for op in ops if recompute == "full"
+             or (recompute == "selective" and op.name in attention)]
+    return [type(op)(**(vars(op) | {"pass_": "recompute"})) for op in again]
+
+
+def transformer_layer_gemms(seq_len: int, micro_batch: int, d_model: int, n_heads: int, *,
+                            ffn_hidden: float | None = None, tensor_parallel: int = 1,
+                            recompute: str = "flash") -> tuple[Gemm, ...]:
+    """The GEMMs of one GPT-style transformer layer, one micro-batch, one tensor-parallel GPU.
+
+    With ``T = b s`` tokens, width ``d``, MLP width ``f``, ``a`` heads of ``d/a`` and ``t``
+    tensor-parallel GPUs (Megatron's split: columns of QKV and the first MLP matmul, rows of
+    the output projection and the second): forward ``qkv`` ``(T x d) @ (d x 3d/t)``,
+    ``scores`` ``(s x d/a) @ (d/a x s)`` and ``attention_over_values`` ``(s x s) @ (s x d/a)``
+    for each of ``b a / t`` heads, ``output_projection`` ``(T x d/t) @ (d/t x d)``, ``mlp_up``
+    ``(T x d) @ (d x f/t)``, ``mlp_down`` ``(T x f/t) @ (f/t x d)``; each with its dgrad and
+    wgrad (the forward's FLOPs each), and the forwards recomputed: none ("flash", "none"),
+    the two attention GEMMs ("selective"), all six ("full"). With "flash" the two attention
+    GEMMs are one fused kernel whose ``s x s`` scores stay on chip; its backward's own
+    recomputation of the scores is not counted (the planner counts the model's FLOPs only).
+
+    Their FLOPs per token are ``(24 d^2 + 4 s d + 2 d (f - 4d)) / t`` forward, times 3 with the
+    backward: ``Workload.hardware_flops_per_token / (L t)`` for ``f = N/(2 L d) - 2 d``.
+
+    Args:
+        seq_len, micro_batch, d_model, n_heads: s, b, d, a.
+        ffn_hidden: f; None: ``4 d``.
+        tensor_parallel: t (Megatron needs it to divide ``n_heads``; here a GPU's share of
+            heads may be fractional, an average).
+        recompute: "flash", "none", "selective" or "full".
+
+    Returns:
+        The GEMMs, forward first.
+    """
+    s, b = _checks.count("seq_len", seq_len), _checks.count("micro_batch", micro_batch)
+    d, a = _checks.count("d_model", d_model), _checks.count("n_heads", n_heads)
+    t = _checks.count("tensor_parallel", tensor_parallel)
+    f = 4.0 * d if ffn_hidden is None else _checks.positive("ffn_hidden", ffn_hidden)
+    recompute = _recompute_policy(recompute)
+    tokens, head_dim, heads = b * s, d / a, b * a / t
+    fused = recompute == "flash"
+    forward = [
+        Gemm("qkv", tokens, 3 * d / t, d),
+        Gemm("scores", s, s, head_dim, heads, on_chip=("c",) if fused else ()),
+        Gemm("attention_over_values", s, head_dim, s, heads, on_chip=("a",) if fused else ()),
+        Gemm("output_projection", tokens, d, d / t),
+        Gemm("mlp_up", tokens, f / t, d),
+        Gemm("mlp_down", tokens, d, f / t),
+    ]
+    backward = [g for gemm in reversed(forward) for g in _backward(gemm)]
+    recomputed = _recomputed(forward, recompute, {"scores", "attention_over_values"})
+    return tuple(forward + recomputed + backward)
+
+
+def transformer_layer_elementwise(seq_len: int, micro_batch: int, d_model: int, n_heads: int,
+                                  *, ffn_hidden: float | None = None, tensor_parallel: int = 1,
+                                  sequence_parallel: bool = False,
+                                  recompute: str = "flash") -> tuple[Elementwise, ...]:
+    """The element-wise kernels of one layer, one micro-batch, one tensor-parallel GPU, with
+    the HBM bytes each moves (2 bytes a value, 1 a dropout mask; the tensors are those of
+    Korthikanti et al.'s activation count [korthikanti2022], ``sbh`` = ``s b d`` values).
+
+    Forward: two LayerNorms (read and write ``sbh``: 4 ``sbh`` bytes each), two dropouts with
+    their residual add (read x and the residual, write the sum and a mask: 7), GeLU on the
+    ``s b f`` MLP activations (read and write: 4 ``sbf``), and unless "flash" fuses them into
+    the attention kernel, the softmax (4 bytes a score) and the attention dropout (5) on the
+    ``b a s^2`` scores. Backward: each reads the output's gradient and what it saved and writes
+    the input's gradient: LayerNorm 6 ``sbh``, dropout and residual 5, GeLU 6 ``sbf``, softmax
+    6 and dropout 5 a score. LayerNorm and dropout-residual are replicated on the ``t`` GPUs
+    unless ``sequence_parallel`` splits them; the rest is split ``t`` ways. Recomputation runs
+    the forward kernels again: all ("full") or the score ones ("selective").
+
+    Args: as :func:`transformer_layer_gemms`, and ``sequence_parallel``.
+
+    Returns:
+        The kernels, forward first.
+    """
+    s, b = _checks.count("seq_len", seq_len), _checks.count("micro_batch", micro_batch)
+    d, a = _checks.count("d_model", d_model), _checks.count("n_heads", n_heads)
+    t = _checks.count("tensor_parallel", tensor_parallel)
+    f = 4.0 * d if ffn_hidden is None else _checks.positive("ffn_hidden", ffn_hidden)
+    recompute = _recompute_policy(recompute)
+    sbh = s * b * d / (t if sequence_parallel else 1)   # replicated unless sequence parallel
+    sbf = s * b * f / t
+    scores = b * a * s * s / t
+    v, mask = BYTES_PER_VALUE, MASK_BYTES
+    forward = [Elementwise("layernorm", 2 * 2 * v * sbh),
+               Elementwise("dropout_residual", 2 * (3 * v + mask) * sbh),
+               Elementwise("gelu", 2 * v * sbf)]
+    backward = [Elementwise("layernorm", 2 * 3 * v * sbh, "dgrad"),
+                Elementwise("dropout_residual", 2 * (2 * v + mask) * sbh, "dgrad"),
+                Elementwise("gelu", 3 * v * sbf, "dgrad")]
+    if recompute != "flash":
+        forward += [Elementwise("softmax", 2 * v * scores),
+                    Elementwise("attention_dropout", (2 * v + mask) * scores)]
+        backward += [Elementwise("softmax", 3 * v * scores, "dgrad"),
+                     Elementwise("attention_dropout", (2 * v + mask) * scores, "dgrad")]
+    recomputed = _recomputed(forward, recompute, {"softmax", "attention_dropout"})
+    return tuple(forward + recomputed + backward)
+
+
+def transformer_layer_time_s(gpu: GPU, seq_len: int, micro_batch: int, d_model: int,
+                             n_heads: int, *, ffn_hidden: float | None = None,
+                             tensor_parallel: int = 1, sequence_parallel: bool = False,
+                             recompute: str = "flash") -> float:
+    """Seconds of one layer's forward, backward and recomputation for one micro-batch on one
+    tensor-parallel GPU: :func:`gemm_time_s` of each of :func:`transformer_layer_gemms` plus
+    the bytes of :func:`transformer_layer_elementwise` over HBM bandwidth (kernels run one
+    after another, none overlapped)."""
+    shape = dict(ffn_hidden=ffn_hidden, tensor_parallel=tensor_parallel, recompute=recompute)
+    gemms = transformer_layer_gemms(seq_len, micro_batch, d_model, n_heads, **shape)
+    elementwise = transformer_layer_elementwise(seq_len, micro_batch, d_model, n_heads,
+                                                sequence_parallel=sequence_parallel, **shape)
+    return (sum(gemm_time_s(g, gpu) for g in gemms)
+            + sum(e.hbm_bytes for e in elementwise) / gpu.hbm_bytes_per_s)

@@ -1,0 +1,127 @@
+"""clusterlab.gemm: waves over the SMs, the memory-bound regime, the benchmark's ceiling, and a
+transformer layer's GEMMs counting exactly the planner's FLOPs."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from clusterlab import gemm, hardware, plan
+from clusterlab.plan.prediction import mlp_width
+
+A100, H100 = hardware.gpu("A100"), hardware.gpu("H100")
+
+
+def test_one_tile_more_than_a_wave_takes_two_waves():
+    # 108 tiles of 256 x 128 fill one wave of the A100's 108 SMs; one tile more needs a second
+    # wave, which costs a whole wave (wave quantization). k is large enough to be compute-bound.
+    one_wave = gemm.Gemm("full wave", gemm.TILE_M, gemm.TILE_N * A100.sm_count, 16384)
+    one_more = dataclasses.replace(one_wave, n=gemm.TILE_N * (A100.sm_count + 1))
+    ratio = gemm.gemm_time_s(one_more, A100) / gemm.gemm_time_s(one_wave, A100)
+    assert ratio == pytest.approx(2.0, rel=0.01)
+    assert one_more.flops / one_wave.flops == pytest.approx(109 / 108)
+
+
+def test_matrix_vector_product_runs_at_hbm_bandwidth():
+    matvec = gemm.Gemm("matvec", 1, 8192, 8192)
+    seconds = gemm.gemm_time_s(matvec, H100)
+    assert matvec.hbm_bytes / seconds == pytest.approx(H100.hbm_bytes_per_s, rel=1e-9)
+    assert gemm.gemm_compute_s(matvec, H100) < 0.01 * seconds
+
+
+@pytest.mark.parametrize("gpu", [A100, H100], ids=lambda g: g.name)
+def test_large_square_gemm_reaches_the_ceiling(gpu):
+    square = gemm.Gemm("square", 16384, 16384, 16384)
+    fraction = square.flops / gemm.gemm_time_s(square, gpu) / gpu.bf16_flops
+    ceiling = gemm.matmul_ceiling(gpu)
+    # 8,192 tiles: 76 waves of 108 (A100) or 63 of 132 (H100), the last partly full
+    assert ceiling * 0.98 < fraction <= ceiling
+    assert ceiling == {"A100": 271.2 / 312, "H100": 794.5 / 989}[gpu.name]
+
+
+def test_gpu_without_sm_count_runs_at_the_ceiling_alone():
+    unsourced = dataclasses.replace(A100, name="A100 without SMs", sm_count=None)
+    odd = gemm.Gemm("one tile more", gemm.TILE_M, gemm.TILE_N * 109, 16384)
+    assert gemm.gemm_compute_s(odd, unsourced) == pytest.approx(
+        odd.flops / (unsourced.bf16_flops * gemm.UNMEASURED_CEILING))
+
+
+def test_flash_keeps_the_scores_off_hbm():
+    shape = dict(seq_len=4096, micro_batch=1, d_model=8192, n_heads=64)
+    fused = {(g.name, g.pass_): g for g in gemm.transformer_layer_gemms(**shape)}
+    unfused = {(g.name, g.pass_): g for g in gemm.transformer_layer_gemms(**shape,
+                                                                          recompute="none")}
+    scores_bytes = 2 * 64 * 4096**2     # bf16[a, s, s]
+    for key in [("scores", "forward"), ("attention_over_values", "dgrad")]:
+        assert unfused[key].hbm_bytes - fused[key].hbm_bytes == scores_bytes
+    assert fused[("qkv", "forward")] == unfused[("qkv", "forward")]
+
+
+@pytest.mark.parametrize("recompute", ["flash", "none", "selective", "full"])
+@pytest.mark.parametrize("n_params, n_layers, d_model, tp", [
+    (12 * 48 * 6144**2, 48, 6144, 8),   # Korthikanti's 22B, MLP 4d
+    (405e9, 126, 16384, 8),             # Llama 3 405B: its MLP width from N
+    (7e9, None, None, 1),               # the planner's default shape
+])
+def test_layer_gemms_count_the_planners_flops(recompute, n_params, n_layers, d_model, tp):
+    workload = plan.Workload(n_params, 2048, 8, n_tokens=1e9, n_layers=n_layers,
+                             d_model=d_model, recompute=recompute)
+    layers, width = workload.shape
+    micro_batch = 2
+    gemms = gemm.transformer_layer_gemms(workload.seq_len, micro_batch, width, workload.heads,
+                                         ffn_hidden=mlp_width(workload), tensor_parallel=tp,
+                                         recompute=recompute)
+    per_token = sum(g.flops for g in gemms) * layers * tp / (micro_batch * workload.seq_len)
+    assert per_token == pytest.approx(workload.hardware_flops_per_token, rel=1e-12)
+
+
+def test_recomputation_adds_forward_kernels():
+    shape = dict(seq_len=2048, micro_batch=1, d_model=4096, n_heads=32)
+    passes = {policy: [g.name for g in gemm.transformer_layer_gemms(**shape, recompute=policy)
+                       if g.pass_ == "recompute"] for policy in ("none", "selective", "full")}
+    assert passes["none"] == []
+    assert passes["selective"] == ["scores", "attention_over_values"]
+    assert len(passes["full"]) == 6
+    elementwise = gemm.transformer_layer_elementwise(**shape, recompute="selective")
+    assert {e.name for e in elementwise if e.pass_ == "recompute"} == {"softmax",
+                                                                       "attention_dropout"}
+
+
+def test_sequence_parallel_splits_layernorm_and_dropout():
+    shape = dict(seq_len=2048, micro_batch=1, d_model=4096, n_heads=32, tensor_parallel=8)
+    replicated = gemm.transformer_layer_elementwise(**shape)
+    split = gemm.transformer_layer_elementwise(**shape, sequence_parallel=True)
+    for whole, part in zip(replicated, split):
+        expected = 8 if whole.name in ("layernorm", "dropout_residual") else 1
+        assert whole.hbm_bytes / part.hbm_bytes == pytest.approx(expected)
+
+
+def test_planner_default_is_the_per_gemm_model():
+    workload = plan.Workload(7e9, 4096, 64, n_tokens=1e9)
+    cluster = plan.cluster("H100", 8, storage_read_bytes_per_s=1e12)
+    layout = plan.Layout(dp=8, micro_batch=1)
+    predicted = plan.predict(workload, cluster, layout)
+    layers, width = workload.shape
+    layer_s = gemm.transformer_layer_time_s(H100, 4096, 1, width, workload.heads,
+                                            ffn_hidden=mlp_width(workload))
+    assert predicted.compute_s == pytest.approx(layer_s * layers * 64 / 8)
+    constant = plan.predict(workload, cluster, layout, plan.Assumptions(compute_efficiency=0.6))
+    assert constant.compute_s == pytest.approx(
+        workload.tokens_per_step * workload.hardware_flops_per_token / (8 * 989e12 * 0.6))
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda: gemm.Gemm("bad", 0, 8, 8), "m must be a positive"),
+    (lambda: gemm.Gemm("bad", 8, 8, 8, batch=-1), "batch must be a positive"),
+    (lambda: gemm.Gemm("bad", 8, 8, 8, on_chip=("d",)), "on_chip names operands"),
+    (lambda: gemm.transformer_layer_gemms(2048, 1, 4096, 32, recompute="some"),
+     "recompute must be"),
+    (lambda: gemm.transformer_layer_gemms(2048, 0, 4096, 32), "micro_batch must be"),
+    (lambda: mlp_width(plan.Workload(1e9, 2048, 8, n_tokens=1e9, n_layers=64, d_model=4096)),
+     "leave no MLP"),
+    (lambda: plan.Assumptions(compute_efficiency=1.5), "at most 1"),
+])
+def test_bad_input_errors(make, message):
+    with pytest.raises(ValueError, match=message):
+        make()
