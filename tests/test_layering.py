@@ -37,7 +37,7 @@ LAYERS = {
     "costmodel": ANALYTICAL, "plan": ANALYTICAL, "serving": ANALYTICAL,
     "memory": ANALYTICAL, "flops": ANALYTICAL, "storage": ANALYTICAL,
     "reliability": ANALYTICAL, "fabric": ANALYTICAL, "topology": ANALYTICAL,
-    "schedule": ANALYTICAL, "tables": ANALYTICAL,
+    "schedule": ANALYTICAL, "tables": ANALYTICAL, "gemm": ANALYTICAL,
     # 3. device code
     "devices": DEVICE, "bench": DEVICE, "collectives": DEVICE, "hlo": DEVICE, "models": DEVICE,
     "parallel": DEVICE, "dataloader": DEVICE, "checkpoint": DEVICE, "decode": DEVICE,

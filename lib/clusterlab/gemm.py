@@ -29,6 +29,7 @@ References:
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Literal
@@ -252,6 +253,7 @@ def transformer_layer_elementwise(seq_len: int, micro_batch: int, d_model: int, 
     return tuple(forward + recomputed + backward)
 
 
+@functools.lru_cache(maxsize=4096)   # a layout search prices the same layer many times
 def transformer_layer_time_s(gpu: GPU, seq_len: int, micro_batch: int, d_model: int,
                              n_heads: int, *, ffn_hidden: float | None = None,
                              tensor_parallel: int = 1, sequence_parallel: bool = False,
