@@ -1,13 +1,13 @@
 """The kill test: SIGKILL a training job at random moments, resume it, get the same bits.
 
 ``clusterlab.killtest.kill_test`` runs ``python -m clusterlab.train_demo`` once
-uninterrupted (the reference), then again, killing it with SIGKILL 21 times: each kill aimed
-at a data read, a step or a checkpoint write (seven of each, in a seeded order), at a seeded
-random occurrence and a seeded random moment inside it, and restarting the job after every
-kill. Checked here: every kill landed; each phase was hit; every resume read the newest
-complete checkpoint, bit for bit what the uninterrupted run saved at that step (0 corrupt
-reads); kills inside a write left a half-written checkpoint that the next run skipped; the
-final parameters equal the uninterrupted run's bit for bit. The figures are printed (run
+uninterrupted (the reference), then again, killing it with SIGKILL 12 times over a job of 40
+steps: each kill aimed at a data read, a step or a checkpoint write (four of each, in a seeded
+order), at a seeded random occurrence and a seeded random moment inside it, and restarting the
+job after every kill. Checked here: every kill landed; each phase was hit at least twice; every
+resume read the newest complete checkpoint, bit for bit what the uninterrupted run saved at
+that step (0 corrupt reads); kills inside a write left a half-written checkpoint that the next
+run skipped; the final parameters equal the uninterrupted run's bit for bit. The figures are printed (run
 pytest with ``-s`` to see them).
 """
 
@@ -17,12 +17,13 @@ import pytest
 
 from clusterlab import killtest
 
-N_KILLS = 21
+N_KILLS = 12
 SEED = 20261201
+STEPS = 40  # the job's length: twelve kills of up to six skipped steps each spread over it
 
 
 def test_kill_and_resume_is_bit_identical(tmp_path):
-    report = killtest.kill_test(tmp_path, kills=N_KILLS, seed=SEED)
+    report = killtest.kill_test(tmp_path, kills=N_KILLS, seed=SEED, steps=STEPS)
     print(f"\nkill test: {report.summary()}")
     for kill in report.kills:
         print(f"  aimed at {kill.aimed_at:16s} landed in {kill.landed_in:16s} step "
@@ -30,7 +31,7 @@ def test_kill_and_resume_is_bit_identical(tmp_path):
 
     assert len(report.kills) == N_KILLS
     landed = report.landed()
-    assert all(landed[phase] >= 3 for phase in killtest.PHASES), landed
+    assert all(landed[phase] >= 2 for phase in killtest.PHASES), landed
     assert report.corrupt_reads == 0
     first_resumable = next(i for i, k in enumerate(report.kills) if k.newest_complete is not None)
     assert report.resumes == N_KILLS - first_resumable
