@@ -7,8 +7,8 @@ order), at a seeded random occurrence and a seeded random moment inside it, and 
 job after every kill. Checked here: every kill landed; each phase was hit at least twice; every
 resume read the newest complete checkpoint, bit for bit what the uninterrupted run saved at
 that step (0 corrupt reads); kills inside a write left a half-written checkpoint that the next
-run skipped; the final parameters equal the uninterrupted run's bit for bit. The figures are printed (run
-pytest with ``-s`` to see them).
+run skipped; the final parameters equal the uninterrupted run's bit for bit. The figures are
+printed (run pytest with ``-s`` to see them).
 """
 
 from __future__ import annotations
