@@ -20,6 +20,7 @@ import sys
 
 from clusterlab import bench, collectives, costmodel, devices, grading, hardware, plan
 from clusterlab import expect as expect_module
+from clusterlab.plan.workload import RECOMPUTE_POLICIES
 
 
 def _size(text: str) -> int:
@@ -201,7 +202,16 @@ def _plan_parser(commands) -> None:
                       help="global batch in sequences (1024)")
     plan.add_argument("--layers", type=int, help="transformer layers (default: from --params)")
     plan.add_argument("--d-model", type=int, help="model width (default: from --params)")
-    plan.add_argument("--recompute", action="store_true", help="full activation recomputation")
+    plan.add_argument("--recompute", nargs="?", const="full", type=_policies,
+                      help="recomputation policies to search, comma-separated among "
+                           f"{','.join(RECOMPUTE_POLICIES)} (default: all; "
+                           "--recompute alone: full)")
+    plan.add_argument("--micro-batches", type=_positive_ints, default=(1, 2, 4, 8),
+                      help="micro-batch sizes to search, e.g. 1,2,4 (1,2,4,8)")
+    plan.add_argument("--virtual-stages", type=_positive_ints, default=(1, 2, 4),
+                      help="interleaved virtual stages to search, e.g. 1,2 (1,2,4)")
+    plan.add_argument("--zero", type=_zero_stages, default=(0, 1, 2, 3),
+                      help="ZeRO stages to search, e.g. 1,3 (0,1,2,3; 0 alone when dp = 1)")
     plan.add_argument("--bytes-per-token", type=float, default=4.0,
                       help="bytes read from storage per token (4)")
     plan.add_argument("--gpu", default="H100", help="GPU name in clusterlab.hardware (H100)")
@@ -213,8 +223,9 @@ def _plan_parser(commands) -> None:
     plan.add_argument("--nics-per-node", type=int, help="fabric NICs per node (one per GPU)")
     plan.add_argument("--storage-gb-s", type=float, default=20.0,
                       help="shared storage read throughput in GB/s (20)")
-    plan.add_argument("--efficiency", type=float, default=0.6,
-                      help="fraction of peak FLOP/s while computing (0.6)")
+    plan.add_argument("--efficiency", type=float, default=None,
+                      help="fraction of peak FLOP/s of every kernel (default: the library's "
+                           "compute model, per GEMM)")
     plan.add_argument("--overlap", type=float, default=0.5,
                       help="hidden fraction of the data-parallel all-reduce, at most the "
                            "backward pass (0.5)")
@@ -223,13 +234,50 @@ def _plan_parser(commands) -> None:
     plan.add_argument("--top", type=int, default=10, help="layouts to show (10)")
 
 
+def _integers(text: str, what: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(v) for v in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{what} are comma-separated integers, e.g. 1,2,4; "
+                                         f"got {text!r}") from None
+    return values
+
+
+def _positive_ints(text: str) -> tuple[int, ...]:
+    values = _integers(text, "sizes")
+    if any(v < 1 for v in values):
+        raise argparse.ArgumentTypeError(f"sizes must be positive, e.g. 1,2,4; got {text!r}")
+    return values
+
+
+def _zero_stages(text: str) -> tuple[int, ...]:
+    values = _integers(text, "ZeRO stages")
+    if any(v not in (0, 1, 2, 3) for v in values):
+        raise argparse.ArgumentTypeError(f"ZeRO stages are among 0,1,2,3; got {text!r}")
+    return values
+
+
+def _policies(text: str) -> tuple[str, ...]:
+    values = tuple(text.split(","))
+    known = RECOMPUTE_POLICIES
+    if any(v not in known for v in values):
+        raise argparse.ArgumentTypeError(f"recomputation policies are among {','.join(known)}; "
+                                         f"got {text!r}")
+    return values
+
+
 def _plan(args: argparse.Namespace) -> None:
     workload = plan.Workload(
         args.params, args.seq_len, args.batch, n_tokens=args.tokens,
         time_budget_s=None if args.budget_days is None else args.budget_days * 86400,
-        n_layers=args.layers, d_model=args.d_model, bytes_per_token=args.bytes_per_token,
-        recompute=args.recompute)
-    assumptions = plan.Assumptions(args.efficiency, args.overlap, args.reserve)
+        n_layers=args.layers, d_model=args.d_model, bytes_per_token=args.bytes_per_token)
+    space = plan.SearchSpace(micro_batches=args.micro_batches,
+                             virtual_stages=args.virtual_stages,
+                             recompute=args.recompute or RECOMPUTE_POLICIES,
+                             zero_stages=args.zero)
+    efficiency = {} if args.efficiency is None else {"compute_efficiency": args.efficiency}
+    assumptions = plan.Assumptions(dp_overlap=args.overlap, activation_reserve=args.reserve,
+                                   **efficiency)
     if args.gpus is None:
         if args.budget_days is None or args.tokens is None:
             raise ValueError("Give --gpus, or --tokens and --budget-days to size the cluster.")
@@ -245,10 +293,11 @@ def _plan(args: argparse.Namespace) -> None:
                                storage_read_bytes_per_s=args.storage_gb_s * 1e9,
                                gpus_per_node=args.gpus_per_node, node_link=args.node_link,
                                fabric_link=args.fabric, nics_per_node=args.nics_per_node)
-    plans = plan.rank_layouts(workload, cluster, assumptions, limit=args.top)
-    print(plan.describe_plan(plans[0]))
-    print(f"# the {len(plans)} fastest layouts that fit; seconds per step")
-    print(plan.format_plans(plans))
+    result = plan.search_layouts(workload, cluster, assumptions, space=space, limit=args.top)
+    print(plan.describe_plan(result.plans[0]))
+    print(f"# the {len(result.plans)} fastest layouts that fit; seconds per step")
+    print(plan.format_plans(result.plans))
+    print(plan.format_refusals(result))
 
 
 def _bench(args: argparse.Namespace) -> None:

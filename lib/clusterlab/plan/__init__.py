@@ -34,8 +34,9 @@ from clusterlab.plan.power import (PUE_HYPERSCALE, PUE_INDUSTRY_AVERAGE, cluster
                                    peak_flops_per_facility_w)
 from clusterlab.plan.prediction import (BYTES_PER_VALUE, Plan, dp_all_reduce, dp_all_reduce_s,
                                         predict, predict_published)
-from clusterlab.plan.search import (best_plan, candidate_layouts, describe_plan, format_plans,
-                                    gpus_needed, rank_layouts)
+from clusterlab.plan.search import (Refusal, SearchResult, SearchSpace, best_plan,
+                                    candidate_layouts, describe_plan, format_plans,
+                                    format_refusals, gpus_needed, rank_layouts, search_layouts)
 from clusterlab.plan.step import (BACKWARD_FRACTION, StepTime,
                                   data_parallel_step, default_shape, hidden_all_reduce_s,
                                   model_shape)
@@ -44,9 +45,9 @@ from clusterlab.plan.workload import Assumptions, Layout, Workload, cluster
 __all__ = [
     "BACKWARD_FRACTION", "BYTES_PER_VALUE", "FABRIC_CLUSTERS",
     "FABRIC_JOB", "PUE_HYPERSCALE", "PUE_INDUSTRY_AVERAGE", "Assumptions", "DataParallelJob",
-    "Layout", "Plan", "StepTime", "Workload", "best_plan", "candidate_layouts", "cluster",
+    "Layout", "Plan", "Refusal", "SearchResult", "SearchSpace", "StepTime", "Workload", "best_plan", "candidate_layouts", "cluster",
     "cluster_power_w", "data_parallel_step", "default_shape", "describe_plan", "dp_all_reduce",
-    "dp_all_reduce_s", "fabric_step", "facility_power_w", "format_plans", "gpus_needed",
+    "dp_all_reduce_s", "fabric_step", "facility_power_w", "format_plans", "format_refusals", "gpus_needed",
     "gpus_within_power", "hidden_all_reduce_s", "model_shape", "network_to_match",
-    "peak_flops_per_facility_w", "predict", "predict_published", "rank_layouts",
+    "peak_flops_per_facility_w", "predict", "predict_published", "rank_layouts", "search_layouts",
 ]

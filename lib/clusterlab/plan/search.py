@@ -1,26 +1,108 @@
-"""The planner's search: every layout that fits, ranked (:func:`rank_layouts`); the smallest
-cluster that meets a deadline (:func:`gpus_needed`); and tables of plans for a reader."""
+"""The planner's search: every layout of a search space, predicted and ranked
+(:func:`search_layouts`, :func:`rank_layouts`), with the reasons the rest were refused; the
+smallest cluster that meets a deadline (:func:`gpus_needed`); and tables of plans for a reader.
+
+The space covers tp (dividing a node), pp, dp (dividing the batch), the micro-batch size, the
+interleaved schedule's virtual stages, the recomputation policy and the ZeRO stage. Context and
+expert parallelism are not layout dimensions of the planner yet, so the search leaves them out.
+
+Benchmark (2 December 2026, the course's 2-core build machine, shared with other helpers and a
+background test run, load average 1.2): a 70B model (``Workload(70e9, 4096, 1024,
+n_tokens=2e12)``, 71 layers x 9088) on ``cluster("H100", 1024, storage_read_bytes_per_s=20e9)``
+with the default space: 5,376 candidates, 3,744 refused by a divisibility rule, 1,632 predicted;
+``search_layouts`` took 0.55, 0.62 and 0.56 s in three fresh processes (median 0.56 s; 0.3 s
+when the process has priced the same layers before, clusterlab.gemm caches a layer's time).
+"""
 
 from __future__ import annotations
 
-from dataclasses import replace
+from collections import Counter
+from dataclasses import dataclass, field, replace
 
 from clusterlab import costmodel, memory
 from clusterlab.hardware import ClusterSpec
 from clusterlab.plan.prediction import Plan, predict
-from clusterlab.plan.workload import Assumptions, Layout, Workload
+from clusterlab.plan.workload import RECOMPUTE_POLICIES, Assumptions, Layout, Workload
 
 
 def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
-def candidate_layouts(workload: Workload, cluster: ClusterSpec) -> list[Layout]:
-    """Every layout the planner considers: tp dividing a node, pp up to the layer count, dp
-    dividing the global batch, ZeRO stages 0-3 (only 0 when dp = 1), micro-batches of one
-    sequence, no interleaving."""
+@dataclass(frozen=True)
+class SearchSpace:
+    """The values the search tries; a value that a layout's rules forbid is refused, not tried.
+
+    Rules (Megatron-LM's): a micro-batch size divides each replica's sequences; virtual stages
+    > 1 need pp > 1, layers divisible by pp * v and micro-batches a multiple of pp; ZeRO > 0
+    needs dp > 1.
+    """
+
+    micro_batches: tuple[int, ...] = (1, 2, 4, 8)
+    virtual_stages: tuple[int, ...] = (1, 2, 4)
+    recompute: tuple[str, ...] = RECOMPUTE_POLICIES
+    zero_stages: tuple[int, ...] = memory.ZERO_STAGES
+
+    def __post_init__(self) -> None:
+        for name in ("micro_batches", "virtual_stages"):
+            values = getattr(self, name)
+            if not values or any(not isinstance(v, int) or v < 1 for v in values):
+                raise ValueError(f"SearchSpace.{name} must be positive integers, got {values!r}.")
+        bad = [p for p in self.recompute if p not in RECOMPUTE_POLICIES]
+        if not self.recompute or bad:
+            raise ValueError(f"SearchSpace.recompute must be among {RECOMPUTE_POLICIES}, got "
+                             f"{self.recompute!r}.")
+        if not self.zero_stages or any(z not in memory.ZERO_STAGES for z in self.zero_stages):
+            raise ValueError(f"SearchSpace.zero_stages must be among {memory.ZERO_STAGES}, got "
+                             f"{self.zero_stages!r}.")
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """How many candidates one reason refused, and the first of them as an example."""
+
+    reason: str
+    count: int
+    layout: Layout               # the example
+    recompute: str               # its recomputation policy
+    detail: str = ""             # its memory against the limit, or its step time
+
+    @property
+    def example(self) -> str:
+        label = _label(self.layout, self.recompute)
+        return f"{label}: {self.detail}" if self.detail else label
+
+
+@dataclass(frozen=True)
+class SearchResult:
+    """The ranked plans that fit, and the refused candidates by reason."""
+
+    plans: list[Plan]
+    refused: list[Refusal] = field(default_factory=list)
+    n_candidates: int = 0
+
+
+def _rule_broken(workload: Workload, layout: Layout) -> str | None:
+    """The divisibility rule a layout breaks, or None."""
     n_layers, _ = workload.shape
-    layouts = []
+    per_replica = workload.global_batch // layout.dp
+    if per_replica % layout.micro_batch:
+        return "micro-batch does not divide the replica's sequences"
+    if layout.virtual_stages > 1:
+        if layout.pp == 1:
+            return "interleaving needs pp > 1"
+        if n_layers % (layout.pp * layout.virtual_stages):
+            return "layers not divisible by pp * v"
+        if (per_replica // layout.micro_batch) % layout.pp:
+            return "interleaving needs micro-batches a multiple of pp"
+    if layout.zero_stage > 0 and layout.dp == 1:
+        return "ZeRO needs dp > 1"
+    return None
+
+
+def _candidates(workload: Workload, cluster: ClusterSpec, space: SearchSpace):
+    """Every (workload, layout) of the space on the cluster, with the rule each breaks."""
+    n_layers, _ = workload.shape
     for tp in _divisors(cluster.gpus_per_node):
         if cluster.n_gpus % tp:
             continue
@@ -28,44 +110,107 @@ def candidate_layouts(workload: Workload, cluster: ClusterSpec) -> list[Layout]:
             dp = cluster.n_gpus // (tp * pp)
             if pp > n_layers or workload.global_batch % dp:
                 continue
-            for stage in (memory.ZERO_STAGES if dp > 1 else (0,)):
-                layouts.append(Layout(dp=dp, tp=tp, pp=pp, zero_stage=stage))
+            for policy in space.recompute:
+                policy_workload = replace(workload, recompute=policy)
+                for mbs in space.micro_batches:
+                    for v in space.virtual_stages:
+                        for stage in space.zero_stages:
+                            layout = Layout(dp=dp, tp=tp, pp=pp, zero_stage=stage,
+                                            micro_batch=mbs, virtual_stages=v)
+                            yield policy_workload, layout, _rule_broken(workload, layout)
+
+
+def candidate_layouts(workload: Workload, cluster: ClusterSpec,
+                      space: SearchSpace | None = None) -> list[Layout]:
+    """The layouts of ``space`` (default: the workload's own policy, micro-batches of one, no
+    interleaving) that break no divisibility rule."""
+    if space is None:
+        space = SearchSpace(micro_batches=(1,), virtual_stages=(1,),
+                            recompute=(workload.recompute_policy,))
+    seen, layouts = set(), []
+    for _, layout, rule in _candidates(workload, cluster, space):
+        if rule is None and layout not in seen:
+            seen.add(layout)
+            layouts.append(layout)
     return layouts
 
 
-def rank_layouts(workload: Workload, cluster: ClusterSpec,
-                 assumptions: Assumptions = Assumptions(), *,
-                 limit: int | None = None) -> list[Plan]:
-    """The layouts that fit in memory, fastest step first.
+def layout_label(plan: Plan) -> str:
+    """The layout with its micro-batch size and recomputation policy where they are not the
+    defaults (one sequence; "flash")."""
+    return _label(plan.layout, plan.workload.recompute_policy)
 
-    Args:
-        workload: what to train.
-        cluster: the cluster.
-        assumptions: software efficiencies.
-        limit: keep only the first ``limit`` plans.
 
-    Returns:
-        Plans sorted by step time (ties: lower ZeRO stage, fewer stages, less tensor
-        parallelism).
+def _label(layout: Layout, policy: str) -> str:
+    mbs = f" mbs{layout.micro_batch}" if layout.micro_batch > 1 else ""
+    return f"{layout}{mbs}" + (f" {policy}" if policy != "flash" else "")
+
+
+def search_layouts(workload: Workload, cluster: ClusterSpec,
+                   assumptions: Assumptions = Assumptions(), *,
+                   space: SearchSpace = SearchSpace(), limit: int | None = None) -> SearchResult:
+    """Every layout of ``space``: the ones that fit, fastest step first, and the refused ones.
+
+    Refusals: "does not divide: <rule>", "does not fit in memory" (example with its memory
+    against the limit) and "fits, slower than the shown ones" (beyond ``limit``).
 
     Raises:
-        ValueError: when no layout fits, naming the smallest memory found and what to change.
+        ValueError: when no layout divides or none fits, naming the smallest memory found and
+            what to change.
     """
-    plans = [predict(workload, cluster, layout, assumptions)
-             for layout in candidate_layouts(workload, cluster)]
+    reasons: Counter[str] = Counter()
+    examples: dict[str, tuple[Layout, str, str]] = {}
+
+    def refuse(reason: str, layout: Layout, policy: str, detail: str = "") -> None:
+        reasons[reason] += 1
+        examples.setdefault(reason, (layout, policy, detail))
+
+    plans, n_candidates = [], 0
+    for policy_workload, layout, rule in _candidates(workload, cluster, space):
+        n_candidates += 1
+        if rule is not None:
+            refuse(f"does not divide: {rule}", layout, policy_workload.recompute_policy)
+            continue
+        plans.append(predict(policy_workload, cluster, layout, assumptions))
     if not plans:
         raise ValueError(f"No layout of {cluster.n_gpus} GPUs divides the global batch of "
                          f"{workload.global_batch} sequences; use a GPU count or batch that "
                          f"share powers of two.")
     fitting = [p for p in plans if p.fits]
+    for p in plans:
+        if not p.fits:
+            refuse("does not fit in memory", p.layout, p.workload.recompute_policy,
+                   f"{p.memory_bytes / 1e9:.1f} GB > {p.memory_limit_bytes / 1e9:.1f} GB usable")
     if not fitting:
         least = min(plans, key=lambda p: p.memory_bytes)
         raise ValueError(
-            f"No layout fits: the smallest, {least.layout}, needs {least.memory_bytes / 1e9:.1f} "
-            f"GB of model states per GPU against {least.memory_limit_bytes / 1e9:.1f} GB usable "
-            f"on a {cluster.gpu.name}; use more GPUs or GPUs with more memory.")
-    fitting.sort(key=lambda p: (p.step_s, p.layout.zero_stage, p.layout.pp, p.layout.tp))
-    return fitting[:limit] if limit else fitting
+            f"No layout fits: the smallest, {layout_label(least)}, needs "
+            f"{least.memory_bytes / 1e9:.1f} GB per GPU against "
+            f"{least.memory_limit_bytes / 1e9:.1f} GB usable on a {cluster.gpu.name}; use more "
+            f"GPUs, GPUs with more memory or full recomputation.")
+    fitting.sort(key=lambda p: (p.step_s, p.layout.zero_stage, p.layout.pp, p.layout.tp,
+                                p.layout.virtual_stages, p.layout.micro_batch))
+    shown = fitting[:limit] if limit else fitting
+    for p in fitting[len(shown):]:
+        refuse("fits, slower than the shown ones", p.layout, p.workload.recompute_policy,
+               f"{p.step_s:.3f} s")
+    refused = [Refusal(r, n, *examples[r]) for r, n in sorted(reasons.items())]
+    return SearchResult(shown, refused, n_candidates)
+
+
+def rank_layouts(workload: Workload, cluster: ClusterSpec,
+                 assumptions: Assumptions = Assumptions(), *,
+                 space: SearchSpace = SearchSpace(), limit: int | None = None) -> list[Plan]:
+    """The layouts of ``space`` that fit in memory, fastest step first (see
+    :func:`search_layouts`; ties: lower ZeRO stage, fewer stages, less tensor parallelism)."""
+    return search_layouts(workload, cluster, assumptions, space=space, limit=limit).plans
+
+
+def format_refusals(result: SearchResult) -> str:
+    """The refused candidates: count, reason and one example each."""
+    lines = [f"# {result.n_candidates} candidates: {len(result.plans)} shown; refused:"]
+    lines += [f"#   {r.count:6d}  {r.reason}  (e.g. {r.example})" for r in result.refused]
+    return "\n".join(lines)
 
 
 def best_plan(workload: Workload, cluster: ClusterSpec,
@@ -115,15 +260,19 @@ def gpus_needed(workload: Workload, cluster: ClusterSpec,
 
 
 def format_plans(plans: list[Plan]) -> str:
-    """A fixed-width table of plans: layout, memory, step parts, MFU, days, bottleneck."""
-    header = (f"{'layout':<24} {'mem GB':>7} {'compute':>8} {'tp':>7} {'pp':>7} {'bubble':>7} "
-              f"{'dp':>7} {'data':>7} {'step s':>8} {'MFU':>6} {'days':>7}  "
-              f"{'network model':<13}  bottleneck")
+    """A fixed-width table of plans: the layout (dp, tp, pp; micro-batch size, virtual stages,
+    recomputation policy, ZeRO stage), memory, step parts, MFU, days, bottleneck."""
+    header = (f"{'layout':<17} {'mbs':>3} {'v':>2} {'recompute':<9} {'ZeRO':>4} {'mem GB':>7} "
+              f"{'compute':>8} {'tp':>7} {'pp':>7} {'bubble':>7} {'dp':>7} {'data':>7} "
+              f"{'step s':>8} {'MFU':>6} {'days':>7}  {'network model':<13}  bottleneck")
     lines = [header]
     for p in plans:
         days = p.time_to_train_s / 86400 if p.time_to_train_s is not None else float("nan")
+        grid = f"dp{p.layout.dp} tp{p.layout.tp} pp{p.layout.pp}"
         lines.append(
-            f"{str(p.layout):<24} {p.memory_bytes / 1e9:7.1f} {p.compute_s:8.3f} "
+            f"{grid:<17} {p.layout.micro_batch:3d} {p.layout.virtual_stages:2d} "
+            f"{p.workload.recompute_policy:<9} {p.layout.zero_stage:4d} "
+            f"{p.memory_bytes / 1e9:7.1f} {p.compute_s:8.3f} "
             f"{p.tp_comm_s:7.3f} {p.pp_comm_s:7.3f} {p.bubble_s:7.3f} {p.dp_comm_s:7.3f} "
             f"{p.data_wait_s:7.3f} {p.step_s:8.3f} {100 * p.mfu:5.1f}% {days:7.1f}  "
             f"{p.network_model:<13}  {p.bottleneck}")
@@ -144,7 +293,7 @@ def describe_plan(plan: Plan) -> str:
         f"{cluster.gpus_per_node}); node {cluster.node_link_bytes_per_s / 1e9:.0f} GB/s, fabric "
         f"{cluster.network_bytes_per_gpu / 1e9:.1f} GB/s per GPU; storage "
         f"{cluster.storage_read_bytes_per_s / 1e9:.1f} GB/s",
-        f"layout: {plan.layout}; {plan.memory_bytes / 1e9:.1f} GB per GPU "
+        f"layout: {layout_label(plan)}; {plan.memory_bytes / 1e9:.1f} GB per GPU "
         f"({plan.states_bytes / 1e9:.1f} model states + {plan.activation_bytes / 1e9:.1f} "
         f"activations) of {plan.memory_limit_bytes / 1e9:.1f} GB usable",
         f"step: {plan.step_s:.3f} s; MFU {100 * plan.mfu:.1f}%; bottleneck: {plan.bottleneck}",
