@@ -17,6 +17,8 @@ an earlier one (``tests/test_layering.py`` enforces it, and that the first two i
    * :mod:`clusterlab.topology`, :mod:`clusterlab.fabric` - cluster networks as graphs; max-min
      fair flows over them (contention, routing, placement).
    * :mod:`clusterlab.memory`, :mod:`clusterlab.flops` - memory per device, training FLOPs, MFU.
+   * :mod:`clusterlab.gemm` - a matmul's time on a GPU (tiles in waves over the SMs, a roofline
+     against HBM, a benchmark's ceiling) and a transformer layer's GEMMs: the planner's compute.
    * :mod:`clusterlab.storage`, :mod:`clusterlab.reliability` - the data path, failures,
      checkpoint intervals.
    * :mod:`clusterlab.schedule` - pipeline schedules (who runs what in each slot).
