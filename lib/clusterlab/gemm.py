@@ -157,6 +157,16 @@ def _recomputed(ops: list, recompute: str, attention: set[str]) -> list:
     return [type(op)(**(vars(op) | {"pass_": "recompute"})) for op in again]
 
 
+def _layer_shape(seq_len, micro_batch, d_model, n_heads, ffn_hidden, tensor_parallel,
+                 recompute) -> tuple[int, int, int, int, int, float, str]:
+    """A layer's arguments checked: ``(s, b, d, a, t, f, policy)``, ``f`` = ``4 d`` when None."""
+    s, b = _checks.count("seq_len", seq_len), _checks.count("micro_batch", micro_batch)
+    d, a = _checks.count("d_model", d_model), _checks.count("n_heads", n_heads)
+    t = _checks.count("tensor_parallel", tensor_parallel)
+    f = 4.0 * d if ffn_hidden is None else _checks.positive("ffn_hidden", ffn_hidden)
+    return s, b, d, a, t, f, _recompute_policy(recompute)
+
+
 def transformer_layer_gemms(seq_len: int, micro_batch: int, d_model: int, n_heads: int, *,
                             ffn_hidden: float | None = None, tensor_parallel: int = 1,
                             recompute: str = "flash") -> tuple[Gemm, ...]:
@@ -186,11 +196,8 @@ def transformer_layer_gemms(seq_len: int, micro_batch: int, d_model: int, n_head
     Returns:
         The GEMMs, forward first.
     """
-    s, b = _checks.count("seq_len", seq_len), _checks.count("micro_batch", micro_batch)
-    d, a = _checks.count("d_model", d_model), _checks.count("n_heads", n_heads)
-    t = _checks.count("tensor_parallel", tensor_parallel)
-    f = 4.0 * d if ffn_hidden is None else _checks.positive("ffn_hidden", ffn_hidden)
-    recompute = _recompute_policy(recompute)
+    s, b, d, a, t, f, recompute = _layer_shape(seq_len, micro_batch, d_model, n_heads,
+                                               ffn_hidden, tensor_parallel, recompute)
     tokens, head_dim, heads = b * s, d / a, b * a / t
     fused = recompute == "flash"
     forward = [
@@ -229,11 +236,8 @@ def transformer_layer_elementwise(seq_len: int, micro_batch: int, d_model: int, 
     Returns:
         The kernels, forward first.
     """
-    s, b = _checks.count("seq_len", seq_len), _checks.count("micro_batch", micro_batch)
-    d, a = _checks.count("d_model", d_model), _checks.count("n_heads", n_heads)
-    t = _checks.count("tensor_parallel", tensor_parallel)
-    f = 4.0 * d if ffn_hidden is None else _checks.positive("ffn_hidden", ffn_hidden)
-    recompute = _recompute_policy(recompute)
+    s, b, d, a, t, f, recompute = _layer_shape(seq_len, micro_batch, d_model, n_heads,
+                                               ffn_hidden, tensor_parallel, recompute)
     sbh = s * b * d / (t if sequence_parallel else 1)   # replicated unless sequence parallel
     sbf = s * b * f / t
     scores = b * a * s * s / t
