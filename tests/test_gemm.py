@@ -8,7 +8,6 @@ import dataclasses
 import pytest
 
 from clusterlab import gemm, hardware, plan
-from clusterlab.plan.prediction import mlp_width
 
 A100, H100 = hardware.gpu("A100"), hardware.gpu("H100")
 
@@ -70,7 +69,7 @@ def test_layer_gemms_count_the_planners_flops(recompute, n_params, n_layers, d_m
     layers, width = workload.shape
     micro_batch = 2
     gemms = gemm.transformer_layer_gemms(workload.seq_len, micro_batch, width, workload.heads,
-                                         ffn_hidden=mlp_width(workload), tensor_parallel=tp,
+                                         ffn_hidden=workload.mlp_width, tensor_parallel=tp,
                                          recompute=recompute)
     per_token = sum(g.flops for g in gemms) * layers * tp / (micro_batch * workload.seq_len)
     assert per_token == pytest.approx(workload.hardware_flops_per_token, rel=1e-12)
@@ -104,7 +103,7 @@ def test_planner_default_is_the_per_gemm_model():
     predicted = plan.predict(workload, cluster, layout)
     layers, width = workload.shape
     layer_s = gemm.transformer_layer_time_s(H100, 4096, 1, width, workload.heads,
-                                            ffn_hidden=mlp_width(workload))
+                                            ffn_hidden=workload.mlp_width)
     assert predicted.compute_s == pytest.approx(layer_s * layers * 64 / 8)
     constant = plan.predict(workload, cluster, layout, plan.Assumptions(compute_efficiency=0.6))
     assert constant.compute_s == pytest.approx(
@@ -118,7 +117,7 @@ def test_planner_default_is_the_per_gemm_model():
     (lambda: gemm.transformer_layer_gemms(2048, 1, 4096, 32, recompute="some"),
      "recompute must be"),
     (lambda: gemm.transformer_layer_gemms(2048, 0, 4096, 32), "micro_batch must be"),
-    (lambda: mlp_width(plan.Workload(1e9, 2048, 8, n_tokens=1e9, n_layers=64, d_model=4096)),
+    (lambda: plan.Workload(1e9, 2048, 8, n_tokens=1e9, n_layers=64, d_model=4096).mlp_width,
      "leave no MLP"),
     (lambda: plan.Assumptions(compute_efficiency=1.5), "at most 1"),
 ])

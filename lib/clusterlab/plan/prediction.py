@@ -240,19 +240,6 @@ def _memory(workload: Workload, layout: Layout, assumptions: Assumptions,
     return states_bytes, layer_bytes * math.ceil(n_layers / layout.pp) * in_flight
 
 
-def mlp_width(workload: Workload) -> float:
-    """The MLP width ``f`` that gives a layer its share of the parameters: ``N/L`` less
-    attention's ``4 d^2``, over the MLP's two ``d x f`` matrices (``4 d`` for a GPT-style model
-    of ``12 L d^2``), so that the layer's GEMMs count ``Workload.hardware_flops_per_token``."""
-    n_layers, d_model = workload.shape
-    width = (workload.n_params / n_layers - 4.0 * d_model**2) / (2.0 * d_model)
-    if width <= 0:
-        raise ValueError(f"{workload.n_params:.3g} parameters over {n_layers} layers leave no MLP "
-                         f"beside attention's 4 d^2 (d = {d_model}); give fewer layers or a "
-                         f"narrower d_model.")
-    return width
-
-
 def _compute_s(workload: Workload, cluster: ClusterSpec, layout: Layout,
                assumptions: Assumptions, microbatches: int) -> float:
     """Forward, backward and recomputation of one replica's ``microbatches`` through its
@@ -272,7 +259,7 @@ def _compute_s(workload: Workload, cluster: ClusterSpec, layout: Layout,
     n_layers, d_model = workload.shape
     layer_s = gemm.transformer_layer_time_s(
         cluster.gpu, workload.seq_len, layout.micro_batch, d_model, workload.heads,
-        ffn_hidden=mlp_width(workload), tensor_parallel=layout.tp,
+        ffn_hidden=workload.mlp_width, tensor_parallel=layout.tp,
         sequence_parallel=layout.sequence_parallel and layout.tp > 1,
         recompute=workload.recompute_policy)
     return layer_s * n_layers / layout.pp * microbatches

@@ -80,6 +80,20 @@ class Workload:
         return model_shape(self.n_params, self.n_layers, self.d_model)
 
     @property
+    def mlp_width(self) -> float:
+        """The MLP width ``f`` that gives a layer its share of the parameters: ``N/L`` less
+        attention's ``4 d^2``, over the MLP's two ``d x f`` matrices (``4 d`` for a GPT-style
+        model of ``12 L d^2``), so that a layer's GEMMs (:func:`clusterlab.gemm.
+        transformer_layer_gemms`) count :attr:`hardware_flops_per_token`."""
+        n_layers, d_model = self.shape
+        width = (self.n_params / n_layers - 4.0 * d_model**2) / (2.0 * d_model)
+        if width <= 0:
+            raise ValueError(f"{self.n_params:.3g} parameters over {n_layers} layers leave no "
+                             f"MLP beside attention's 4 d^2 (d = {d_model}); give fewer layers "
+                             f"or a narrower d_model.")
+        return width
+
+    @property
     def heads(self) -> int:
         """Attention heads, given or ``max(1, d_model // 128)`` (heads of 128)."""
         return self.n_heads if self.n_heads is not None else max(1, self.shape[1] // 128)
