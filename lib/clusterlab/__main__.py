@@ -186,6 +186,9 @@ def _expect(args: argparse.Namespace) -> None:
                                measurement=measurement, as_json=args.json))
 
 
+_SPACE = plan.SearchSpace()  # the search's defaults, which the flags narrow
+
+
 def _plan_parser(commands) -> None:
     plan = commands.add_parser(
         "plan", help="size a cluster for a training run and rank parallel layouts",
@@ -206,11 +209,11 @@ def _plan_parser(commands) -> None:
                       help="recomputation policies to search, comma-separated among "
                            f"{','.join(RECOMPUTE_POLICIES)} (default: all; "
                            "--recompute alone: full)")
-    plan.add_argument("--micro-batches", type=_positive_ints, default=(1, 2, 4, 8),
+    plan.add_argument("--micro-batches", type=_positive_ints, default=_SPACE.micro_batches,
                       help="micro-batch sizes to search, e.g. 1,2,4 (1,2,4,8)")
-    plan.add_argument("--virtual-stages", type=_positive_ints, default=(1, 2, 4),
+    plan.add_argument("--virtual-stages", type=_positive_ints, default=_SPACE.virtual_stages,
                       help="interleaved virtual stages to search, e.g. 1,2 (1,2,4)")
-    plan.add_argument("--zero", type=_zero_stages, default=(0, 1, 2, 3),
+    plan.add_argument("--zero", type=_zero_stages, default=_SPACE.zero_stages,
                       help="ZeRO stages to search, e.g. 1,3 (0,1,2,3; 0 alone when dp = 1)")
     plan.add_argument("--bytes-per-token", type=float, default=4.0,
                       help="bytes read from storage per token (4)")
@@ -252,7 +255,7 @@ def _positive_ints(text: str) -> tuple[int, ...]:
 
 def _zero_stages(text: str) -> tuple[int, ...]:
     values = _integers(text, "ZeRO stages")
-    if any(v not in (0, 1, 2, 3) for v in values):
+    if any(v not in _SPACE.zero_stages for v in values):
         raise argparse.ArgumentTypeError(f"ZeRO stages are among 0,1,2,3; got {text!r}")
     return values
 
@@ -275,9 +278,8 @@ def _plan(args: argparse.Namespace) -> None:
                              virtual_stages=args.virtual_stages,
                              recompute=args.recompute or RECOMPUTE_POLICIES,
                              zero_stages=args.zero)
-    efficiency = {} if args.efficiency is None else {"compute_efficiency": args.efficiency}
-    assumptions = plan.Assumptions(dp_overlap=args.overlap, activation_reserve=args.reserve,
-                                   **efficiency)
+    assumptions = plan.Assumptions(compute_efficiency=args.efficiency, dp_overlap=args.overlap,
+                                   activation_reserve=args.reserve)
     if args.gpus is None:
         if args.budget_days is None or args.tokens is None:
             raise ValueError("Give --gpus, or --tokens and --budget-days to size the cluster.")
