@@ -11,6 +11,7 @@ automatic=False, ...)`` returns a :class:`Strategy` (``shard``, ``unshard``, ``i
   schedules themselves are :mod:`clusterlab.schedule`, pure NumPy).
 * :mod:`clusterlab.parallel.sharded` - sharded data parallelism (ZeRO stages 0-3, FSDP).
 * :mod:`clusterlab.parallel.two_d` - 2-D data x tensor parallelism.
+* :mod:`clusterlab.parallel.experts` - a mixture-of-experts layer, expert-parallel (all-to-alls).
 
 Communication comes from :mod:`clusterlab.collectives`; axis names are arguments.
 """
@@ -18,3 +19,8 @@ Communication comes from :mod:`clusterlab.collectives`; axis names are arguments
 from clusterlab.parallel._common import Params, Strategy, train
 
 __all__ = ["Params", "Strategy", "train"]
+
+from clusterlab.parallel import experts  # noqa: E402
+from clusterlab.parallel.experts import moe_dense, moe_expert_parallel  # noqa: E402
+
+__all__ += ["experts", "moe_dense", "moe_expert_parallel"]
