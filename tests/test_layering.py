@@ -42,7 +42,7 @@ LAYERS = {
     "devices": DEVICE, "bench": DEVICE, "collectives": DEVICE, "hlo": DEVICE, "models": DEVICE,
     "parallel": DEVICE, "dataloader": DEVICE, "checkpoint": DEVICE, "decode": DEVICE,
     "distributed": DEVICE, "launch": DEVICE, "_job": DEVICE, "train_demo": DEVICE,
-    "killtest": DEVICE,
+    "killtest": DEVICE, "profile": DEVICE,
     # 4. course machinery
     "check": COURSE, "answers": COURSE, "verification": COURSE, "grading": COURSE,
     "student": COURSE, "submission": COURSE, "sandbox": COURSE, "plotting": COURSE,

@@ -362,3 +362,45 @@ def collectives_before_after(p: int = 4) -> plt.Figure:
                    fontsize=10, linespacing=1.8)
     fig.tight_layout()
     return fig
+
+
+def profile_timeline(profile, ax: Axes | None = None, *, step: int = 0) -> Axes:
+    """One row per device of a read trace (:class:`clusterlab.profile.Profile`): its ops over
+    time in one step, compute, collectives and the rendezvous waits inside them.
+
+    Args:
+        profile: what ``clusterlab.profile.read_trace`` returned (only its ``ops``, ``waits`` and
+            ``devices`` are read, so this module needs no JAX).
+        ax: axes to draw on; a new figure if ``None``.
+        step: which traced step to draw, 0 for the first (in order of their start).
+
+    Returns:
+        The axes.
+    """
+    ax = _axes(ax)
+    steps: dict = {}
+    for op in profile.ops:
+        steps.setdefault(op.step, []).append(op)
+    ordered = sorted(steps.values(), key=lambda ops: ops[0].start_us)
+    if not 0 <= step < len(ordered):
+        raise ValueError(f"profile_timeline(step={step}): the profile has {len(ordered)} "
+                         "step(s), numbered from 0.")
+    ops = ordered[step]
+    t0, t1 = ops[0].start_us, max(op.end_us for op in ops)
+    names = [d.device for d in profile.devices]
+    colours = {"compute": _colour(0), "collective": _colour(1), "waiting": _colour(3)}
+    for row, device in enumerate(names):
+        mine = [op for op in ops if op.device == device]
+        for kind in ("compute", "collective"):
+            spans = [((op.start_us - t0) / 1e3, op.dur_us / 1e3) for op in mine
+                     if (op.kind == "compute") == (kind == "compute")]
+            ax.broken_barh(spans, (row - 0.4, 0.8), facecolors=colours[kind])
+        waits = [((s - t0) / 1e3, (e - s) / 1e3) for d, s, e in profile.waits
+                 if d == device and t0 <= s <= t1]
+        ax.broken_barh(waits, (row - 0.2, 0.4), facecolors=colours["waiting"])
+    ax.set_yticks(range(len(names)), names)
+    ax.invert_yaxis()
+    ax.set_xlabel("time in the step (ms)")
+    ax.legend(handles=[Patch(color=c, label=k) for k, c in colours.items()], loc="upper right",
+              fontsize="small")
+    return ax
