@@ -1,0 +1,199 @@
+"""Expert parallelism (clusterlab.parallel.experts) against the dense single-device MoE: output
+and gradients on 2, 4 and 8 devices, dropped tokens against the capacity formula, the
+all-to-alls of the compiled program against the byte formula, negative controls, input checks."""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from clusterlab import check, hlo
+from clusterlab.parallel import experts
+from conftest import sub_mesh
+
+AXIS = "expert"
+D, H, E, T = 8, 16, 8, 64  # width, expert hidden width, experts, tokens (all devices)
+NO_DROP = E / 2  # capacity_factor with C = T/p * k * (E/k) / E = T/p: every slot fits (k <= 2)
+
+
+@functools.lru_cache(maxsize=None)
+def _case(seed: int = 0):
+    params = experts.init_moe(jax.random.key(seed), d_model=D, d_hidden=H, n_experts=E)
+    x = jax.random.normal(jax.random.key(seed + 1), (T, D))  # f32[T, D]
+    return params, x
+
+
+def _loss(layer):
+    """A scalar of the layer's output and its auxiliary loss, weighted so no term cancels."""
+    def loss(params, x):
+        out = layer(params, x)
+        weights = jnp.sin(jnp.arange(out.y.size, dtype=jnp.float32)).reshape(out.y.shape)
+        return jnp.sum(weights * out.y) + 0.1 * out.aux_loss
+    return loss
+
+
+def _ep(mesh, **kw):
+    return lambda params, x: experts.moe_expert_parallel(params, x, mesh, axis_name=AXIS, **kw)
+
+
+def _dense(**kw):
+    return lambda params, x: experts.moe_dense(params, x, **kw)
+
+
+@pytest.mark.parametrize("p", [2, 4, 8])
+def test_output_and_gradients_equal_dense_when_nothing_is_dropped(p):
+    params, x = _case()
+    kw = dict(top_k=2, capacity_factor=NO_DROP)
+    with check.fp32_matmuls():
+        rtol = check.fp32_rtol()
+        ep = jax.jit(_ep(sub_mesh(p, AXIS), **kw))(params, x)
+        dense = experts.moe_dense(params, x, **kw)
+        assert int(ep.dropped) == int(dense.dropped) == 0
+        check.verify_close(f"EP output on {p} devices", ep.y, dense.y, rtol=rtol)
+        check.verify_close("auxiliary loss", ep.aux_loss, dense.aux_loss, rtol=rtol)
+        np.testing.assert_array_equal(ep.expert_load, dense.expert_load)
+        grads = jax.jit(jax.grad(_loss(_ep(sub_mesh(p, AXIS), **kw)), argnums=(0, 1)))(params, x)
+        reference = jax.grad(_loss(_dense(**kw)), argnums=(0, 1))(params, x)
+        check.verify_close(f"EP gradients (router, w1, w2, x) on {p} devices", grads, reference,
+                           rtol=rtol)
+    # every gradient is exercised: none is identically zero
+    assert all(float(jnp.max(jnp.abs(g))) > 0 for g in jax.tree.leaves(reference))
+
+
+def test_switch_top1_without_renormalising_equals_dense():
+    params, x = _case(3)
+    kw = dict(top_k=1, capacity_factor=float(E), renormalize=False)
+    with check.fp32_matmuls():
+        grads = jax.jit(jax.grad(_loss(_ep(sub_mesh(4, AXIS), **kw))))(params, x)
+        reference = jax.grad(_loss(_dense(**kw)))(params, x)
+        check.verify_close("top-1 gradients", grads, reference, rtol=check.fp32_rtol())
+    # without renormalising, the router learns through the output, not only the aux loss
+    no_aux = jax.grad(lambda prm: jnp.sum(experts.moe_dense(prm, x, **kw).y))(params)
+    assert float(jnp.max(jnp.abs(no_aux["router"]))) > 0
+
+
+def test_equal_with_drops_when_dense_routes_the_same_groups():
+    params, x = _case()
+    kw = dict(top_k=2, capacity_factor=1.0)
+    with check.fp32_matmuls():
+        ep = jax.jit(_ep(sub_mesh(4, AXIS), **kw))(params, x)
+        grouped = experts.moe_dense(params, x, n_groups=4, **kw)
+        check.verify_close("EP output with drops", ep.y, grouped.y, rtol=check.fp32_rtol())
+    assert int(ep.dropped) == int(grouped.dropped) > 0
+
+
+def _skewed(p: int, hot_per_group: int):
+    """Tokens that each pick one known expert: hot_per_group per group pick expert 0, the rest
+    experts 1..E-1 in turn. Returns (params, x f32[T, D], target i32[T])."""
+    params = experts.init_moe(jax.random.key(7), d_model=D, d_hidden=H, n_experts=E)
+    params = {**params, "router": 4.0 * jnp.eye(D, E)}  # logit e = 4 * x[:, e]
+    per_group = T // p
+    target = np.concatenate([
+        np.r_[np.zeros(hot_per_group, int), 1 + np.arange(per_group - hot_per_group) % (E - 1)]
+        for _ in range(p)])
+    noise = 0.1 * np.asarray(jax.random.normal(jax.random.key(8), (T, D)))
+    x = jnp.asarray(noise + 3.0 * np.eye(D)[target], jnp.float32)
+    return params, x, target
+
+
+@pytest.mark.parametrize("p, hot", [(2, 20), (4, 12)])
+def test_dropped_tokens_equal_capacity_formula_for_a_skewed_router(p, hot):
+    capacity_factor = 1.25
+    params, x, target = _skewed(p, hot)
+    capacity = experts.expert_capacity(T // p, n_experts=E, top_k=1,
+                                       capacity_factor=capacity_factor)
+    out = jax.jit(_ep(sub_mesh(p, AXIS), top_k=1, capacity_factor=capacity_factor,
+                      renormalize=False))(params, x)
+    routing = jax.vmap(lambda g: experts.route(params["router"], g, top_k=1,
+                                               capacity=capacity))(x.reshape(p, T // p, D))
+    np.testing.assert_array_equal(np.asarray(routing.expert).reshape(-1), target)
+    formula = p * max(0, hot - capacity)  # the other experts get at most ceil(rest/(E-1)) <= C
+    assert formula > 0
+    assert experts.predicted_dropped(np.asarray(routing.expert), capacity, E) == formula
+    assert int(out.dropped) == formula
+    # measured independently of the counter: a dropped top-1 token's output is exactly zero
+    assert int(np.sum(np.all(np.asarray(out.y) == 0, axis=1))) == formula
+    assert np.asarray(out.expert_load)[0] == p * hot
+
+
+@pytest.mark.parametrize("top_k", [1, 2, 4])
+def test_two_all_to_alls_forward_whose_bytes_scale_with_k(top_k):
+    params, x = _case()
+    p, cf = 4, 1.0
+    forward = jax.jit(_ep(sub_mesh(p, AXIS), top_k=top_k, capacity_factor=cf))
+    ops = [op for op in hlo.compiled_collectives(forward, params, x) if op.kind == "all-to-all"]
+    expected = experts.all_to_all_bytes(T // p, d_model=D, n_experts=E, top_k=top_k,
+                                        capacity_factor=cf)
+    assert [op.bytes for op in ops] == [expected, expected]
+    assert expected == top_k * (T // p) * D * 4  # cf = 1 and k T/p divisible by E: C = k T/(pE)
+    loss = _loss(_ep(sub_mesh(p, AXIS), top_k=top_k, capacity_factor=cf))
+    for argnums, n_all_to_all in (((0, 1), 4), (0, 3)):
+        backward = jax.jit(jax.grad(loss, argnums=argnums))
+        kinds = [op.kind for op in hlo.compiled_collectives(backward, params, x)]
+        # each all-to-all's transpose is one more; without x's gradient the dispatch's is dead
+        # code (the router's gradient does not flow through the routing's one-hot slots)
+        assert kinds.count("all-to-all") == n_all_to_all
+
+
+def _wrong_expert(x, m):
+    return jnp.roll(experts.DISPATCH_COMBINE.dispatch(x, m), 1, axis=0)  # expert e's slots to e+1
+
+
+def _unweighted(out, m):
+    return experts.DISPATCH_COMBINE.combine(out, m._replace(combine=m.dispatch))
+
+
+@pytest.mark.parametrize("ops, bug", [
+    (experts.MoEOps(_wrong_expert, experts.DISPATCH_COMBINE.combine), "wrong expert"),
+    (experts.MoEOps(experts.DISPATCH_COMBINE.dispatch, _unweighted), "unweighted combine")])
+def test_negative_controls_are_caught(ops, bug):
+    params, x = _case()
+    kw = dict(top_k=2, capacity_factor=NO_DROP)
+    buggy = jax.jit(_ep(sub_mesh(4, AXIS), ops=ops, **kw))(params, x)
+    dense = experts.moe_dense(params, x, **kw)
+    with pytest.raises(check.VerificationFailed):
+        check.verify_close("EP output", buggy.y, dense.y, rtol=check.fp32_rtol())
+
+
+def test_bad_input_is_refused_with_the_fix():
+    params, x = _case()
+    with pytest.raises(ValueError, match="6 experts do not divide by 4 devices"):
+        six = experts.init_moe(jax.random.key(0), d_model=D, d_hidden=H, n_experts=6)
+        experts.moe_expert_parallel(six, x, sub_mesh(4, AXIS), axis_name=AXIS, top_k=1,
+                                    capacity_factor=1.0)
+    with pytest.raises(ValueError, match="top_k must be between 1 and the number of experts"):
+        experts.moe_dense(params, x, top_k=E + 1, capacity_factor=1.0)
+    for bad in (0.0, -1.0):
+        with pytest.raises(ValueError, match="capacity_factor must be > 0"):
+            experts.moe_expert_parallel(params, x, sub_mesh(2, AXIS), axis_name=AXIS, top_k=2,
+                                        capacity_factor=bad)
+    with pytest.raises(ValueError, match="not 'model'"):
+        experts.moe_expert_parallel(params, x, sub_mesh(2, AXIS), axis_name="model", top_k=2,
+                                    capacity_factor=1.0)
+    with pytest.raises(ValueError, match="tokens do not divide by 8 devices"):
+        experts.moe_expert_parallel(params, x[:60], sub_mesh(8, AXIS), axis_name=AXIS, top_k=2,
+                                    capacity_factor=1.0)
+    with pytest.raises(ValueError, match="x must be tokens"):
+        experts.moe_dense(params, x[:, :4], top_k=2, capacity_factor=1.0)
+
+
+def test_pure_helpers():
+    assert experts.expert_capacity(64, n_experts=8, top_k=2, capacity_factor=1.0) == 16
+    assert experts.expert_capacity(10, n_experts=8, top_k=1, capacity_factor=1.25) == 2  # ceil
+    # group 0: expert 0 four times against C = 2 (2 dropped); group 1: balanced (none)
+    assignments = np.array([[[0], [0], [0], [0]], [[0], [1], [2], [3]]])
+    assert experts.predicted_dropped(assignments, 2, 4) == 2
+    assert experts.all_to_all_bytes(16, d_model=8, n_experts=8, top_k=2,
+                                    capacity_factor=1.0) == 8 * 4 * 8 * 4
+    assert experts.straggler_factor(np.array([4, 1, 1, 1, 1, 1, 1, 1]), 4) == pytest.approx(
+        5 / 2.75)
+    assert experts.straggler_factor(np.ones(8), 8) == 1.0
+    # Switch's loss: 1 for a uniform load, E when one expert takes every token with certainty
+    uniform = experts.load_balancing_loss(jnp.full(4, 8), jnp.full(4, 8.0), 32, 1)
+    collapsed = experts.load_balancing_loss(jnp.array([32, 0, 0, 0]),
+                                            jnp.array([32.0, 0, 0, 0]), 32, 1)
+    assert float(uniform) == pytest.approx(1.0) and float(collapsed) == pytest.approx(4.0)
