@@ -27,6 +27,7 @@ References:
 
 from __future__ import annotations
 
+import functools
 from typing import Callable, Literal, NamedTuple, Sequence
 
 import jax
@@ -40,8 +41,10 @@ from clusterlab.parallel._common import (Params, Strategy, axes_size, check_divi
                                          named, opt_state_initializer, opt_state_specs,
                                          optimizer_or_adam, to_host, train)
 
-__all__ = ["MEGATRON", "MegatronOps", "Strategy", "attention", "check_params",
-           "make_tensor_parallel", "mlp_block", "mlp_forward", "param_specs", "shard_params",
+__all__ = ["MEGATRON", "MegatronOps", "Strategy", "all_gather_matmul", "attention",
+           "check_params", "collective_matmul", "collective_matmul_reduce_scatter",
+           "make_column_matmul", "make_row_matmul", "make_tensor_parallel",
+           "matmul_reduce_scatter", "mlp_block", "mlp_forward", "param_specs", "shard_params",
            "train", "transformer_block"]
 
 Model = Literal["mlp", "transformer"]
@@ -331,3 +334,183 @@ def make_tensor_parallel(params: Params, mesh: Mesh,
                     init_opt_state=opt_state_initializer(optimizer, mesh, state_specs),
                     place_batch=lambda x, y: jax.device_put((x, y), replicated), step=step,
                     grads=lambda prm, x, y: to_host(grads(prm, x, y)), loss_value=np.asarray)
+
+
+# --- Collective matmul: the all-gather (or reduce-scatter) split into ring steps ---------------
+# With sequence parallelism (Korthikanti et al. 2022) the activations between tensor-parallel
+# blocks are split by tokens, so a column-parallel matmul must first all-gather them, and a
+# row-parallel one reduce-scatters its output. Wang et al. (2023) decompose the collective into
+# p-1 ring steps and the matmul into p partial matmuls, so that each device multiplies the block
+# it holds while the next one is in flight; JAX's shard_map notes show the same idea. The code
+# here is the course's own, on :func:`clusterlab.collectives.send_to_next`.
+
+_TOKENS_MESSAGE = (
+    "The reduce-scatter splits the tokens over the devices: T = {size} tokens do not divide by "
+    "{parts} devices. Use a number of tokens that is a multiple of {parts} (e.g. {multiple}).")
+
+
+def all_gather_matmul(x_block: jax.Array, w_block: jax.Array, axis_name: str) -> jax.Array:
+    """The plain column-parallel matmul of sequence-split activations (inside shard_map).
+
+    One all-gather of the activations, then one matmul: nothing to overlap, the matmul needs
+    the whole gathered input.
+
+    Args:
+        x_block: f32[T/p, D], this device's tokens.
+        w_block: f32[D, H/p], this device's columns.
+        axis_name: the tensor-parallel axis (p devices).
+
+    Returns:
+        f32[T, H/p]: all tokens times this device's columns.
+    """
+    x = collectives.builtin("all_gather", x_block, axis_name)  # x: f32[T, D]
+    return x @ w_block
+
+
+def collective_matmul(x_block: jax.Array, w_block: jax.Array, axis_name: str, *,
+                      misplace_by: int = 0) -> jax.Array:
+    """:func:`all_gather_matmul` as p-1 ring steps interleaved with p partial matmuls.
+
+    Step s (s = 0 .. p-1): device i holds device (i - s)'s token block; it sends that block on
+    to device i+1 (:func:`clusterlab.collectives.send_to_next`, except at the last step) and,
+    independently of that transfer, multiplies it by its columns, writing rows (i - s) mod p of
+    the output. The permute and the matmul of one step share an input and nothing else, so a
+    compiler with asynchronous collectives may run them at once (Wang et al. 2023). p-1
+    ``collective-permute`` of T/p x D values each and no all-gather in the compiled program;
+    backward, JAX transposes each permute into one in the opposite direction.
+
+    Args:
+        x_block: f32[T/p, D], this device's tokens.
+        w_block: f32[D, H/p], this device's columns.
+        axis_name: the tensor-parallel axis (p devices).
+        misplace_by: a deliberate bug for negative controls: write each partial product this
+            many blocks away from its rows (an off-by-one rotation is 1). Default 0, correct.
+
+    Returns:
+        f32[T, H/p], equal to :func:`all_gather_matmul` up to float rounding.
+
+    References:
+        Wang et al., "Overlap Communication with Dependent Computation via Decomposition in
+        Large Deep Learning Models", ASPLOS 2023. https://doi.org/10.1145/3567955.3567959
+    """
+    p = jax.lax.axis_size(axis_name)
+    me = jax.lax.axis_index(axis_name)
+    rows, width = x_block.shape[0], w_block.shape[1]
+    out = jnp.zeros((p, rows, width), jnp.result_type(x_block, w_block))  # f32[p, T/p, H/p]
+    block = x_block  # block: f32[T/p, D], device (me - s)'s tokens at step s
+    for s in range(p):
+        incoming = collectives.send_to_next(block, axis_name) if s < p - 1 else None
+        partial = block @ w_block  # partial: f32[T/p, H/p], rows of block (me - s) mod p
+        out = jax.lax.dynamic_update_index_in_dim(out, partial, (me - s + misplace_by) % p, 0)
+        block = incoming
+    return out.reshape(p * rows, width)
+
+
+def matmul_reduce_scatter(h: jax.Array, w_block: jax.Array, axis_name: str) -> jax.Array:
+    """The plain row-parallel matmul whose output is reduce-scattered by tokens (inside shard_map).
+
+    Args:
+        h: f32[T, H/p], all tokens, this device's hidden units.
+        w_block: f32[H/p, D], this device's rows.
+        axis_name: the tensor-parallel axis (p devices).
+
+    Returns:
+        f32[T/p, D]: this device's tokens of the sum over devices of ``h @ w_block``.
+    """
+    check_divisible(h.shape[0], jax.lax.axis_size(axis_name), _TOKENS_MESSAGE)
+    partial = h @ w_block  # partial: f32[T, D], this device's share of every token's sum
+    return collectives.builtin("reduce_scatter", partial, axis_name)
+
+
+def collective_matmul_reduce_scatter(h: jax.Array, w_block: jax.Array, axis_name: str, *,
+                                     misplace_by: int = 0) -> jax.Array:
+    """:func:`matmul_reduce_scatter` as p partial matmuls interleaved with p-1 ring steps.
+
+    A running sum travels the ring. Device i starts with its share of token block i-1; at step
+    s (s = 1 .. p-1) it receives the sum for block i-1-s from device i-1 and adds its share of
+    that block, a matmul that does not depend on the transfer, so both may run at once. After
+    p-1 steps device i holds the complete sum of its own block i. p-1 ``collective-permute`` of
+    T/p x D values each and no reduce-scatter in the compiled program.
+
+    Args:
+        h: f32[T, H/p], all tokens, this device's hidden units; T a multiple of p.
+        w_block: f32[H/p, D], this device's rows.
+        axis_name: the tensor-parallel axis (p devices).
+        misplace_by: a deliberate bug for negative controls: multiply the token block this many
+            blocks away from the right one. Default 0, correct.
+
+    Returns:
+        f32[T/p, D], equal to :func:`matmul_reduce_scatter` up to float rounding.
+
+    References:
+        Wang et al., "Overlap Communication with Dependent Computation via Decomposition in
+        Large Deep Learning Models", ASPLOS 2023. https://doi.org/10.1145/3567955.3567959
+    """
+    p = jax.lax.axis_size(axis_name)
+    check_divisible(h.shape[0], p, _TOKENS_MESSAGE)
+    me = jax.lax.axis_index(axis_name)
+    blocks = h.reshape(p, h.shape[0] // p, h.shape[1])  # blocks: f32[p, T/p, H/p]
+
+    def share(index):  # f32[T/p, D]: this device's term of token block index (mod p)
+        block = jax.lax.dynamic_index_in_dim(blocks, (index + misplace_by) % p, 0, keepdims=False)
+        return block @ w_block
+
+    running = share(me - 1)  # running: f32[T/p, D], the sum for block me-1-s after step s
+    for s in range(1, p):
+        running = collectives.send_to_next(running, axis_name) + share(me - 1 - s)
+    return running
+
+
+def make_column_matmul(mesh: Mesh, axis_name: str, *, overlap: bool,
+                       misplace_by: int = 0) -> Callable[[jax.Array, jax.Array], jax.Array]:
+    """The jitted column-parallel matmul of sequence-split activations on ``mesh``.
+
+    Args:
+        mesh: the mesh.
+        axis_name: the tensor-parallel axis.
+        overlap: :func:`collective_matmul` (ring steps and partial matmuls) if true, else
+            :func:`all_gather_matmul` (all-gather, then one matmul).
+        misplace_by: passed to :func:`collective_matmul` (negative controls only).
+
+    Returns:
+        ``f(x, w) -> y``: ``x`` f32[T, D] split by tokens ``P(axis)``, ``w`` f32[D, H] split by
+        columns ``P(None, axis)``, ``y = x @ w`` f32[T, H] split by columns.
+    """
+    axes_size(mesh, axis_name)  # raises for an axis the mesh lacks
+    if misplace_by and not overlap:
+        raise ValueError("misplace_by is a bug planted in the collective matmul; the plain "
+                         "all-gather-then-matmul has no block index to misplace.")
+    if overlap:
+        body = functools.partial(collective_matmul, axis_name=axis_name, misplace_by=misplace_by)
+    else:
+        body = functools.partial(all_gather_matmul, axis_name=axis_name)
+    return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=(P(axis_name), P(None, axis_name)),
+                                 out_specs=P(None, axis_name)))
+
+
+def make_row_matmul(mesh: Mesh, axis_name: str, *, overlap: bool,
+                    misplace_by: int = 0) -> Callable[[jax.Array, jax.Array], jax.Array]:
+    """The jitted row-parallel matmul whose output is reduce-scattered by tokens on ``mesh``.
+
+    Args:
+        mesh: the mesh.
+        axis_name: the tensor-parallel axis.
+        overlap: :func:`collective_matmul_reduce_scatter` if true, else
+            :func:`matmul_reduce_scatter`.
+        misplace_by: passed to :func:`collective_matmul_reduce_scatter` (negative controls).
+
+    Returns:
+        ``f(h, w) -> y``: ``h`` f32[T, H] split by columns ``P(None, axis)``, ``w`` f32[H, D]
+        split by rows ``P(axis, None)``, ``y = h @ w`` f32[T, D] split by tokens ``P(axis)``.
+    """
+    axes_size(mesh, axis_name)
+    if misplace_by and not overlap:
+        raise ValueError("misplace_by is a bug planted in the collective matmul; the plain "
+                         "matmul-then-reduce-scatter has no block index to misplace.")
+    if overlap:
+        body = functools.partial(collective_matmul_reduce_scatter, axis_name=axis_name,
+                                 misplace_by=misplace_by)
+    else:
+        body = functools.partial(matmul_reduce_scatter, axis_name=axis_name)
+    return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=(P(None, axis_name), P(axis_name)),
+                                 out_specs=P(axis_name)))
