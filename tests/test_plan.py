@@ -156,7 +156,11 @@ def test_predict_by_hand_data_parallel_only():
     # activations: 16 layers of one sequence, attention scores recomputed: s b h 34 bytes
     assert p.activation_bytes == pytest.approx(16 * 1024 * 2048 * 34)
     assert p.memory_bytes == pytest.approx(p.states_bytes + p.activation_bytes)
-    assert p.step_s == pytest.approx(p.compute_s + expected_dp)
+    # the optimizer step, ZeRO-0: every GPU updates its 1e9 parameters, 2 bytes of BF16
+    # gradient read, 12 of FP32 state read and written, 2 of parameter written, over HBM
+    assert p.optimizer_s == pytest.approx(1e9 * (2 + 24 + 2) / hardware.gpu("H100").hbm_bytes_per_s)
+    assert p.output_layer_s == 0                               # no vocabulary given
+    assert p.step_s == pytest.approx(p.compute_s + expected_dp + p.optimizer_s)
     assert p.mfu == pytest.approx(p.model_flops_per_step / p.step_s / (16 * 989e12))
     assert p.time_to_train_s == pytest.approx(1e9 / (64 * 1024) * p.step_s)
 
@@ -298,7 +302,11 @@ def test_weak_fabric_is_the_bottleneck():
     assert plan.predict(small, one_node, plan.Layout(dp=8), slow_compute).bottleneck == "compute"
     fast_compute = plan.Assumptions(compute_efficiency=1.0, dp_overlap=0.0)
     tiny_batch = plan.Workload(1e9, 128, 8, n_tokens=1e9)
+    # ZeRO-0: each GPU's Adam step over all 1e9 parameters (28 bytes each over HBM, 8 ms)
+    # outlasts the all-reduce; sharded over the 8 GPUs (ZeRO-1) it no longer does
     assert plan.predict(tiny_batch, one_node, plan.Layout(dp=8),
+                        fast_compute).bottleneck == "HBM"
+    assert plan.predict(tiny_batch, one_node, plan.Layout(dp=8, zero_stage=1),
                         fast_compute).bottleneck == "node interconnect"
 
 

@@ -16,7 +16,9 @@ A GEMM ``(m x k) @ (k x n)`` is priced as a roofline, the larger of two times [n
 :func:`transformer_layer_gemms` lists the GEMMs of one GPT-style layer for one micro-batch on
 one tensor-parallel GPU, forward, backward and recomputed; :func:`transformer_layer_elementwise`
 the element-wise work (LayerNorm, GeLU, softmax, dropout, residuals), priced by its bytes over
-HBM bandwidth; :func:`transformer_layer_time_s` sums both.
+HBM bandwidth; :func:`transformer_layer_time_s` sums both. :func:`output_layer_time_s` prices
+the output layer (the logits GEMM, ``d x V``) and its cross-entropy, which Megatron-LM runs on
+the last pipeline stage.
 
 References:
     [nvidia_gemm_guide] NVIDIA, "Matrix Multiplication Background User's Guide" (tile and wave
@@ -25,6 +27,8 @@ References:
     FLOPS comparison table" (BF16 MAMF per accelerator).
     [korthikanti2022] Korthikanti et al., "Reducing Activation Recomputation in Large
     Transformer Models", MLSys 2023 (the layer's activations, selective recomputation).
+    [narayanan2021] Narayanan et al., "Efficient Large-Scale Language Model Training on GPU
+    Clusters Using Megatron-LM", SC 2021 (the output layer's FLOPs, ``6 B s h V``).
 """
 
 from __future__ import annotations
@@ -53,6 +57,16 @@ MAMF_FRACTION: dict[str, float] = {
 #: The ceiling of a GPU without a MAMF row: the lowest NVIDIA row above (GB200's 72.9%), so
 #: that an unmeasured GPU is not assumed better than every measured one.
 UNMEASURED_CEILING = min(MAMF_FRACTION.values())
+
+#: Activation recomputation policies (Korthikanti et al. 2022, sections 4-5), the one tuple the
+#: GEMM model, the planner's workload (``plan.workload.RECOMPUTE_POLICIES``) and its search read:
+#: ``"flash"``: attention by a FlashAttention kernel, which never stores the scores and
+#: recomputes them inside its backward kernel (the FLOPs of the model only; the planner's
+#: default); ``"none"``: every activation stored, the attention scores too, nothing recomputed;
+#: ``"selective"``: Megatron's selective recomputation, scores and softmax dropped and
+#: recomputed; ``"full"``: only each layer's input kept, one more forward of everything.
+Recompute = Literal["flash", "none", "selective", "full"]
+RECOMPUTE_POLICIES: tuple[Recompute, ...] = ("flash", "none", "selective", "full")
 
 Pass = Literal["forward", "dgrad", "wgrad", "recompute"]
 Operand = Literal["a", "b", "c"]
@@ -144,9 +158,9 @@ def _backward(forward: Gemm) -> tuple[Gemm, Gemm]:
 
 
 def _recompute_policy(recompute: str) -> str:
-    if recompute not in ("flash", "none", "selective", "full"):
-        raise ValueError(f"recompute must be 'flash', 'none', 'selective' or 'full' "
-                         f"(plan.workload.RECOMPUTE_POLICIES), got {recompute!r}.")
+    if recompute not in RECOMPUTE_POLICIES:
+        raise ValueError(f"recompute must be one of {RECOMPUTE_POLICIES} "
+                         f"(gemm.RECOMPUTE_POLICIES), got {recompute!r}.")
     return recompute
 
 
@@ -270,5 +284,59 @@ def transformer_layer_time_s(gpu: GPU, seq_len: int, micro_batch: int, d_model: 
     gemms = transformer_layer_gemms(seq_len, micro_batch, d_model, n_heads, **shape)
     elementwise = transformer_layer_elementwise(seq_len, micro_batch, d_model, n_heads,
                                                 sequence_parallel=sequence_parallel, **shape)
+    return (sum(gemm_time_s(g, gpu) for g in gemms)
+            + sum(e.hbm_bytes for e in elementwise) / gpu.hbm_bytes_per_s)
+
+
+#: Bytes a logit moves through the cross-entropy, forward and backward: Megatron Core's
+#: vocabulary-parallel cross-entropy (``megatron/core/tensor_parallel/cross_entropy.py`` as of
+#: 2024: ``.float()`` on the logits first) computes in FP32 and keeps the softmax for the backward. Counted at one
+#: fused pass each way, a lower bound: forward reads the BF16 logit and writes the FP32
+#: softmax (2 + 4), backward reads the softmax and writes the BF16 logit gradient (4 + 2).
+CROSS_ENTROPY_BYTES_PER_LOGIT = {"forward": 2 + 4, "dgrad": 4 + 2}
+
+
+def output_layer_gemms(seq_len: int, micro_batch: int, d_model: int, vocab_size: int, *,
+                       tensor_parallel: int = 1) -> tuple[Gemm, ...]:
+    """The output layer's GEMMs for one micro-batch on one tensor-parallel GPU: the logits
+    ``(T x d) @ (d x V/t)`` of ``T = b s`` tokens (Megatron splits the vocabulary over the
+    ``t`` GPUs, column-parallel), its dgrad and wgrad. No recomputation: Megatron's full
+    recomputation re-runs the transformer layers, not the output layer.
+
+    Their FLOPs per token are ``6 d V / t``, the ``V/(16 l h)`` term of Narayanan et al.'s
+    per-iteration count ``96 B s l h^2 (1 + s/(6h) + V/(16 l h))`` [narayanan2021].
+
+    Raises:
+        ValueError: on a size that is not a positive integer.
+    """
+    s, b = _checks.count("seq_len", seq_len), _checks.count("micro_batch", micro_batch)
+    d, vocab = _checks.count("d_model", d_model), _checks.count("vocab_size", vocab_size)
+    t = _checks.count("tensor_parallel", tensor_parallel)
+    logits = Gemm("logits", b * s, vocab / t, d)
+    return (logits, *_backward(logits))
+
+
+def output_layer_elementwise(seq_len: int, micro_batch: int, vocab_size: int, *,
+                             tensor_parallel: int = 1) -> tuple[Elementwise, ...]:
+    """The cross-entropy on one tensor-parallel GPU's ``b s V / t`` logits, forward and
+    backward (:data:`CROSS_ENTROPY_BYTES_PER_LOGIT`). Its two all-reduces of ``b s`` FP32 values
+    (the maximum and the sum over the vocabulary) are left out: 4 bytes a token."""
+    s, b = _checks.count("seq_len", seq_len), _checks.count("micro_batch", micro_batch)
+    vocab = _checks.count("vocab_size", vocab_size)
+    logits = b * s * vocab / _checks.count("tensor_parallel", tensor_parallel)
+    return tuple(Elementwise("cross_entropy", per_logit * logits, pass_)
+                 for pass_, per_logit in CROSS_ENTROPY_BYTES_PER_LOGIT.items())
+
+
+@functools.lru_cache(maxsize=1024)
+def output_layer_time_s(gpu: GPU, seq_len: int, micro_batch: int, d_model: int,
+                        vocab_size: int, *, tensor_parallel: int = 1) -> float:
+    """Seconds of the output layer (logits GEMMs, :func:`output_layer_gemms`) and the
+    cross-entropy (:func:`output_layer_elementwise`, by bytes over HBM bandwidth) for one
+    micro-batch on one tensor-parallel GPU, forward and backward."""
+    gemms = output_layer_gemms(seq_len, micro_batch, d_model, vocab_size,
+                               tensor_parallel=tensor_parallel)
+    elementwise = output_layer_elementwise(seq_len, micro_batch, vocab_size,
+                                           tensor_parallel=tensor_parallel)
     return (sum(gemm_time_s(g, gpu) for g in gemms)
             + sum(e.hbm_bytes for e in elementwise) / gpu.hbm_bytes_per_s)

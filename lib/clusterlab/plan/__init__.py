@@ -19,6 +19,8 @@ builds one from catalog names, counted in GPUs). The package, by job:
   data-parallel job (:data:`FABRIC_JOB`, :data:`FABRIC_CLUSTERS`, :func:`fabric_step`,
   :func:`network_to_match`).
 * :mod:`~clusterlab.plan.power`: facility power, PUE, and what a power budget holds.
+* :mod:`~clusterlab.plan.validation`: the planner held to published runs
+  (:func:`validation_table`: published, predicted, error and source per row).
 
 Every all-reduce (tensor- and data-parallel) is priced by
 :func:`clusterlab.costmodel.cluster_collective`, latency included. What the planner leaves out,
@@ -41,6 +43,8 @@ from clusterlab.plan.step import (BACKWARD_FRACTION, StepTime,
                                   data_parallel_step, default_shape, hidden_all_reduce_s,
                                   model_shape)
 from clusterlab.plan.workload import Assumptions, Layout, Workload, cluster
+from clusterlab.plan import validation
+from clusterlab.plan.validation import validation_table
 
 __all__ = [
     "BACKWARD_FRACTION", "BYTES_PER_VALUE", "FABRIC_CLUSTERS",
@@ -50,4 +54,5 @@ __all__ = [
     "dp_all_reduce_s", "fabric_step", "facility_power_w", "format_plans", "format_refusals", "gpus_needed",
     "gpus_within_power", "hidden_all_reduce_s", "model_shape", "network_to_match",
     "peak_flops_per_facility_w", "predict", "predict_published", "rank_layouts", "search_layouts",
+    "validation", "validation_table",
 ]

@@ -7,6 +7,9 @@ References:
     ``(p-1)/(m+p-1)``, the tensor-parallel all-reduces). https://arxiv.org/abs/2104.04473
     Rajbhandari et al., "ZeRO", SC 2020 (memory and communication of the stages).
     https://arxiv.org/abs/1910.02054
+    [megatron_core_distrib_optimizer] Megatron Core User Guide, "Distributed Optimizer" (bytes
+    per parameter of the model states, sharded over the data-parallel ranks).
+    https://docs.nvidia.com/megatron-core/developer-guide/latest/distrib_optimizer.html
 """
 
 from __future__ import annotations
@@ -30,8 +33,8 @@ class Plan:
     """A layout's prediction: memory, the step and its parts, MFU, time to train.
 
     The step is ``compute + tensor-parallel all-reduce + pipeline sends + pipeline bubble + exposed
-    data-parallel all-reduce + data wait``; storage prefetches, so it only adds the part of its
-    load time that exceeds the rest of the step.
+    data-parallel all-reduce + optimizer step + data wait``; storage prefetches, so it only adds
+    the part of its load time that exceeds the rest of the step.
     """
 
     workload: Workload
@@ -42,13 +45,15 @@ class Plan:
     memory_limit_bytes: float    # GPU memory less the reserve
     states_bytes: float          # parameters, gradients, optimizer state (ZeRO-sharded)
     activation_bytes: float      # activations kept for the backward pass, busiest stage
-    compute_s: float             # forward + backward + recomputation (_compute_s)
+    compute_s: float             # forward + backward + recomputation, last stage (_compute_s)
     tp_comm_s: float             # tensor-parallel all-reduces, node interconnect, not hidden
     pp_comm_s: float             # pipeline sends of activations and their gradients, not hidden
     bubble_s: float              # pipeline bubble: (p-1)/(v m) of compute + tp
     dp_comm_s: float             # data-parallel all-reduce (or ZeRO's collectives), exposed
     data_wait_s: float           # waiting for storage beyond the rest of the step
     load_s: float                # storage time for one step's tokens (prefetched)
+    output_layer_s: float        # of compute_s: the last stage's logits and cross-entropy
+    optimizer_s: float           # the Adam step over HBM (_optimizer_s), after the all-reduce
     model_flops_per_step: float  # tokens_per_step * flops_per_token (no recomputation)
     hardware_flops_per_step: float  # tokens_per_step * hardware_flops_per_token (recomputed too)
     #: cluster_collective's estimates of one data-parallel all-reduce (the gradients, before
@@ -71,7 +76,7 @@ class Plan:
     @property
     def step_s(self) -> float:
         return (self.compute_s + self.tp_comm_s + self.pp_comm_s + self.bubble_s
-                + self.dp_comm_s + self.data_wait_s)
+                + self.dp_comm_s + self.optimizer_s + self.data_wait_s)
 
     @property
     def fits(self) -> bool:
@@ -113,13 +118,14 @@ class Plan:
         """Seconds per step by what the GPUs are doing or waiting for."""
         return {"compute": self.compute_s, "tensor-parallel all-reduce": self.tp_comm_s,
                 "pipeline send/receive": self.pp_comm_s, "pipeline bubble": self.bubble_s,
-                "data-parallel all-reduce": self.dp_comm_s, "storage": self.data_wait_s}
+                "data-parallel all-reduce": self.dp_comm_s, "optimizer step": self.optimizer_s,
+                "storage": self.data_wait_s}
 
     @property
     def bottleneck(self) -> str:
         """The resource the step spends most time on: compute, node interconnect, pipeline
-        bubble, fabric or storage (the data-parallel all-reduce inside one node counts as the
-        node interconnect)."""
+        bubble, fabric, HBM (the optimizer step) or storage (the data-parallel all-reduce inside
+        one node counts as the node interconnect)."""
         if self.data_wait_s > 0:
             return "storage"
         parts = self.breakdown()
@@ -130,7 +136,7 @@ class Plan:
                 "pipeline send/receive": "fabric" if stages_apart else "node interconnect",
                 "pipeline bubble": "pipeline bubble",
                 "data-parallel all-reduce": "fabric" if dp_nodes > 1 else "node interconnect",
-                "storage": "storage"}[largest]
+                "optimizer step": "HBM", "storage": "storage"}[largest]
 
 
 def dp_all_reduce(nbytes: float, local: int, nodes: int,
@@ -241,28 +247,67 @@ def _memory(workload: Workload, layout: Layout, assumptions: Assumptions,
 
 
 def _compute_s(workload: Workload, cluster: ClusterSpec, layout: Layout,
-               assumptions: Assumptions, microbatches: int) -> float:
-    """Forward, backward and recomputation of one replica's ``microbatches`` through its
-    ``L / pp`` layers.
+               assumptions: Assumptions, microbatches: int) -> tuple[float, float]:
+    """(compute seconds of the last pipeline stage, its output layer's share of them): forward,
+    backward and recomputation of one replica's ``microbatches`` through its ``L / pp`` layers,
+    plus the output layer (logits and cross-entropy) that Megatron-LM places on the last stage
+    when the workload has a ``vocab_size``. Every micro-batch passes through the last stage, so
+    a pipeline runs at its pace (the imbalance); the fill and drain of the bubble
+    (:func:`_bubble_s`) pass through the plain stages.
 
     By default (``compute_efficiency`` None) each layer is
     :func:`clusterlab.gemm.transformer_layer_time_s`: its GEMMs priced by shape (tile and wave
     quantization over the SMs, the ceiling of a published matmul benchmark, the memory-bound
-    regime) and its element-wise kernels by their bytes over HBM bandwidth. With a
-    ``compute_efficiency`` (a calibration), ``Workload.hardware_flops_per_token`` of every
-    token at that fraction of the cluster's peak.
+    regime) and its element-wise kernels by their bytes over HBM bandwidth; the output layer is
+    :func:`clusterlab.gemm.output_layer_time_s`. With a ``compute_efficiency`` (a
+    calibration), ``Workload.hardware_flops_per_token`` of every token, and the output layer's
+    ``6 d V / tp`` per token of the replica, at that fraction of the cluster's peak.
     """
-    if assumptions.compute_efficiency is not None:
-        hardware_flops = workload.tokens_per_step * workload.hardware_flops_per_token
-        return hardware_flops / (cluster.n_gpus * cluster.gpu.bf16_flops
-                                 * assumptions.compute_efficiency)
     n_layers, d_model = workload.shape
+    vocab = workload.vocab_size
+    if assumptions.compute_efficiency is not None:
+        rate = cluster.gpu.bf16_flops * assumptions.compute_efficiency
+        hardware_flops = workload.tokens_per_step * workload.hardware_flops_per_token
+        output_s = (0.0 if vocab is None else
+                    6.0 * workload.tokens_per_step / layout.dp * d_model * vocab / layout.tp / rate)
+        return hardware_flops / (cluster.n_gpus * rate) + output_s, output_s
     layer_s = gemm.transformer_layer_time_s(
         cluster.gpu, workload.seq_len, layout.micro_batch, d_model, workload.heads,
         ffn_hidden=workload.mlp_width, tensor_parallel=layout.tp,
         sequence_parallel=layout.sequence_parallel and layout.tp > 1,
         recompute=workload.recompute_policy)
-    return layer_s * n_layers / layout.pp * microbatches
+    output_s = 0.0 if vocab is None else microbatches * gemm.output_layer_time_s(
+        cluster.gpu, workload.seq_len, layout.micro_batch, d_model, vocab,
+        tensor_parallel=layout.tp)
+    return layer_s * n_layers / layout.pp * microbatches + output_s, output_s
+
+
+#: Bytes the optimizer step moves over HBM per parameter it updates: Adam reads the gradient
+#: (2 bytes in BF16, 4 in FP32 with fp32_grad_accumulation) and reads and writes its 12 bytes of
+#: FP32 state (master weight, momentum, variance: 24), and writes the 16-bit parameter (2): each
+#: of Megatron's 18 (or the ZeRO paper's 16) bytes of model states touched once, the state twice
+#: (Megatron Core, "Distributed Optimizer" [megatron_core_distrib_optimizer]).
+ADAM_STATE_BYTES_MOVED = 2 * (4 + 4 + 4)   # read + write of FP32 master, momentum, variance
+
+
+def optimizer_step_bytes_per_param(fp32_grad_accumulation: bool) -> float:
+    """HBM bytes of one Adam step per parameter: the gradient read, the FP32 state read and
+    written, the 16-bit parameter written: 28 bytes (BF16 gradients) or 30 (FP32)."""
+    grad_bytes = memory.FP32_GRAD_BYTES if fp32_grad_accumulation else BYTES_PER_VALUE
+    return grad_bytes + ADAM_STATE_BYTES_MOVED + BYTES_PER_VALUE
+
+
+def _optimizer_s(workload: Workload, cluster: ClusterSpec, layout: Layout,
+                 assumptions: Assumptions) -> float:
+    """Seconds of the optimizer step: :func:`optimizer_step_bytes_per_param` of the parameters
+    a GPU updates over the datasheet's HBM bandwidth. A GPU holds ``N / (tp pp)`` of them; with
+    ZeRO 1-3 (Megatron's distributed optimizer) it updates only its ``1/dp`` shard. It runs
+    after the gradients are reduced, so nothing hides it."""
+    params = workload.n_params / (layout.tp * layout.pp)
+    if layout.zero_stage > 0:
+        params /= layout.dp
+    nbytes = params * optimizer_step_bytes_per_param(assumptions.fp32_grad_accumulation)
+    return nbytes / cluster.gpu.hbm_bytes_per_s
 
 
 def _tensor_parallel(workload: Workload, cluster: ClusterSpec, layout: Layout,
@@ -359,6 +404,7 @@ def predict(workload: Workload, cluster: ClusterSpec, layout: Layout,
       activations (1F1B or interleaved);
     * compute (:func:`_compute_s`): each layer's GEMMs by shape and its element-wise kernels by
       bytes (:mod:`clusterlab.gemm`), or the step's FLOPs at a given ``compute_efficiency``;
+      the last stage's, with the output layer when the workload has a vocabulary;
     * tensor parallel: Megatron's all-reduces per layer, each by
       :func:`clusterlab.costmodel.cluster_collective` on the ``tp`` GPUs of a node;
     * pipeline sends: activations forward and gradients back, not hidden;
@@ -366,6 +412,7 @@ def predict(workload: Workload, cluster: ClusterSpec, layout: Layout,
       time, ``(p-1)/(v m)`` of compute and tensor-parallel time;
     * data parallel: :func:`dp_all_reduce` of the gradients, less what hides behind the
       backward pass;
+    * optimizer step (:func:`_optimizer_s`): Adam's bytes over HBM, sharded by ZeRO;
     * storage: the step's data, prefetched: only the excess over the rest is waited for.
 
     Args:
@@ -387,18 +434,21 @@ def predict(workload: Workload, cluster: ClusterSpec, layout: Layout,
     """
     m = _check_layout(workload, cluster, layout)
     states_bytes, activation_bytes = _memory(workload, layout, assumptions, m)
-    compute_s = _compute_s(workload, cluster, layout, assumptions, m)
+    compute_s, output_s = _compute_s(workload, cluster, layout, assumptions, m)
     tp_s, tp_estimate = _tensor_parallel(workload, cluster, layout, m)
     pp_s = _pipeline_sends_s(workload, cluster, layout, m)
-    bubble_s = _bubble_s(compute_s + tp_s, layout, m)
+    bubble_s = _bubble_s(compute_s - output_s + tp_s, layout, m)
     dp_s, dp_estimate = _data_parallel(workload, cluster, layout, assumptions, compute_s)
-    wait_s, load_s = _storage(workload, cluster, compute_s + tp_s + pp_s + bubble_s + dp_s)
+    optimizer_s = _optimizer_s(workload, cluster, layout, assumptions)
+    wait_s, load_s = _storage(workload, cluster,
+                              compute_s + tp_s + pp_s + bubble_s + dp_s + optimizer_s)
     limit_bytes = cluster.gpu.memory_bytes * (1 - assumptions.activation_reserve)
     return Plan(workload, cluster, layout, assumptions,
                 memory_bytes=states_bytes + activation_bytes, memory_limit_bytes=limit_bytes,
                 states_bytes=states_bytes, activation_bytes=activation_bytes,
                 compute_s=compute_s, tp_comm_s=tp_s, pp_comm_s=pp_s, bubble_s=bubble_s,
-                dp_comm_s=dp_s, data_wait_s=wait_s, load_s=load_s,
+                dp_comm_s=dp_s, data_wait_s=wait_s, load_s=load_s, output_layer_s=output_s,
+                optimizer_s=optimizer_s,
                 model_flops_per_step=workload.tokens_per_step * workload.flops_per_token,
                 hardware_flops_per_step=(workload.tokens_per_step
                                          * workload.hardware_flops_per_token),
@@ -406,7 +456,7 @@ def predict(workload: Workload, cluster: ClusterSpec, layout: Layout,
 
 
 def predict_published(run: training_runs.MfuRun, *, zero_stage: int = 1,
-                      virtual_stages: int = 1) -> Plan:
+                      virtual_stages: int = 1, vocab_size: int | None = None) -> Plan:
     """The planner's prediction for a published MFU run (:data:`clusterlab.published.
     training_runs.LLAMA3_405B`), on its GPUs under its layout, with storage fast enough never to
     be the bottleneck (the paper's storage is not what is tested).
@@ -415,10 +465,12 @@ def predict_published(run: training_runs.MfuRun, *, zero_stage: int = 1,
         run: the published run.
         zero_stage, virtual_stages: what the paper does not pin down (Llama 3 shards the
             optimizer state and interleaves its pipeline; the defaults are the plain schedule).
+        vocab_size: the vocabulary, for the output layer on the last stage (None: left out;
+            :data:`clusterlab.plan.validation.LLAMA3_VOCAB` for Llama 3).
     """
     cluster_spec = plan_cluster(run.gpu, run.n_gpus, storage_read_bytes_per_s=1e12)
     workload = Workload(run.n_params, run.seq_len, run.global_batch, n_tokens=run.n_tokens,
-                        n_layers=run.n_layers, d_model=run.d_model)
+                        n_layers=run.n_layers, d_model=run.d_model, vocab_size=vocab_size)
     layout = Layout(dp=run.dp, tp=run.tp, pp=run.pp, zero_stage=zero_stage,
                     virtual_stages=virtual_stages)
     return predict(workload, cluster_spec, layout)

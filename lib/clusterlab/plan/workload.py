@@ -6,24 +6,17 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Literal
-
 from clusterlab import flops, hardware, memory
+from clusterlab.gemm import RECOMPUTE_POLICIES, Recompute
 from clusterlab._checks import count, number, positive
 from clusterlab.hardware import ClusterSpec
 from clusterlab.plan.step import model_shape
 
 
-#: Activation recomputation policies (Korthikanti et al. 2022, sections 4-5):
-#: ``"flash"``: attention by a FlashAttention kernel, which never stores the scores and
-#: recomputes them inside its backward kernel (the FLOPs of the model only; the default,
-#: ``recompute=False``); ``"none"``: every activation stored, the ``5 a s / h`` attention scores
-#: too, nothing recomputed; ``"selective"``: Megatron's selective recomputation, scores and
-#: softmax dropped and recomputed, one more forward of attention's ``4 L s d`` FLOPs per
-#: token; ``"full"``: only each layer's input kept, one more forward of everything
-#: (``recompute=True``).
-Recompute = Literal["flash", "none", "selective", "full"]
-RECOMPUTE_POLICIES: tuple[Recompute, ...] = ("flash", "none", "selective", "full")
+#: The recomputation policies, :data:`clusterlab.gemm.RECOMPUTE_POLICIES` (one tuple): "flash"
+#: (the default, ``recompute=False``), "none", "selective" and "full" (``recompute=True``); a
+#: "selective" step runs one more forward of attention's ``4 L s d`` FLOPs per token, a "full"
+#: one one more forward of everything.
 
 
 @dataclass(frozen=True)
@@ -44,6 +37,10 @@ class Workload:
     d_model: int | None = None           # model (and attention) width; None: default_shape
     n_heads: int | None = None           # attention heads; None: d_model / 128
     bytes_per_token: float = 4.0         # bytes storage delivers per token (4: uint32 ids)
+    #: the vocabulary V: the output layer (logits, d x V, and the cross-entropy) is priced on the
+    #: last pipeline stage, as Megatron-LM places it, on top of the layers that hold n_params;
+    #: None: no output layer priced (its FLOPs are then left out of the step)
+    vocab_size: int | None = None
     #: a Recompute policy; True means "full" and False "flash" (see RECOMPUTE_POLICIES)
     recompute: bool | Recompute = False
 
@@ -62,6 +59,8 @@ class Workload:
         if self.n_heads is not None:
             count("n_heads", self.n_heads)
         positive("bytes_per_token", self.bytes_per_token)
+        if self.vocab_size is not None:
+            count("vocab_size", self.vocab_size)
         if not isinstance(self.recompute, bool) and self.recompute not in RECOMPUTE_POLICIES:
             raise ValueError(f"recompute must be True, False or one of {RECOMPUTE_POLICIES}, "
                              f"got {self.recompute!r}.")
