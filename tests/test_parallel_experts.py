@@ -90,13 +90,12 @@ def _skewed(p: int, hot_per_group: int):
     """Tokens that each pick one known expert: hot_per_group per group pick expert 0, the rest
     experts 1..E-1 in turn. Returns (params, x f32[T, D], target i32[T])."""
     params = experts.init_moe(jax.random.key(7), d_model=D, d_hidden=H, n_experts=E)
-    params = {**params, "router": 4.0 * jnp.eye(D, E)}  # logit e = 4 * x[:, e]
     per_group = T // p
     target = np.concatenate([
         np.r_[np.zeros(hot_per_group, int), 1 + np.arange(per_group - hot_per_group) % (E - 1)]
         for _ in range(p)])
-    noise = 0.1 * np.asarray(jax.random.normal(jax.random.key(8), (T, D)))
-    x = jnp.asarray(noise + 3.0 * np.eye(D)[target], jnp.float32)
+    router, x = experts.steered_tokens(jax.random.key(8), target, d_model=D, n_experts=E)
+    params = {**params, "router": router}
     return params, x, target
 
 

@@ -62,7 +62,7 @@ from clusterlab.parallel._common import check_divisible
 __all__ = ["DISPATCH_COMBINE", "Masks", "MoEOps", "MoEOutput", "Routing", "all_to_all_bytes",
            "check_moe", "expert_capacity", "expert_ffn", "init_moe", "load_balancing_loss",
            "masks", "moe_dense", "moe_expert_parallel", "predicted_dropped", "route",
-           "straggler_factor"]
+           "steered_tokens", "straggler_factor"]
 
 Params = dict  # {"router": f32[D, E], "w1": f32[E, D, H], "w2": f32[E, H, D]}
 
@@ -195,6 +195,35 @@ def straggler_factor(expert_load: np.ndarray, n_devices: int) -> float:
     check_divisible(load.size, n_devices, _EXPERTS_MESSAGE)
     per_device = load.reshape(n_devices, -1).sum(axis=1)
     return float(per_device.max() / per_device.mean())
+
+
+def steered_tokens(key: jax.Array, expert: np.ndarray, *, d_model: int,
+                   n_experts: int) -> tuple[jax.Array, jax.Array]:
+    """A router and tokens whose top-1 choice is known: token t goes to ``expert[t]``.
+
+    The router is ``4 * I`` (expert e reads feature e) and token t is ``3`` on feature
+    ``expert[t]`` plus noise of 0.1, so its top logit is that expert's by a margin of about 12
+    against noise of about 0.6. For labs and tests that need a given load (one hot expert).
+
+    Args:
+        key: for the noise.
+        expert: i32[T], the expert each token should pick.
+        d_model: D (at least E).
+        n_experts: E.
+
+    Returns:
+        ``(router f32[D, E], x f32[T, D])``.
+    """
+    expert = np.asarray(expert)
+    if d_model < n_experts:
+        raise ValueError(f"Steering needs a feature per expert: d_model = {d_model} < "
+                         f"{n_experts} experts; use d_model >= n_experts.")
+    if expert.ndim != 1 or expert.min() < 0 or expert.max() >= n_experts:
+        raise ValueError(f"expert must be a 1-D array of experts in [0, {n_experts}).")
+    router = 4.0 * jnp.eye(d_model, n_experts)
+    x = 3.0 * jax.nn.one_hot(expert, d_model) + 0.1 * jax.random.normal(
+        key, (expert.size, d_model))
+    return router, x
 
 
 # --- the router -----------------------------------------------------------------------------
