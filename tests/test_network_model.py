@@ -128,11 +128,12 @@ def test_pat_runs_all_gather_at_one_gpu_per_node():
 
 def test_the_flat_ring_crosses_each_nodes_network_twice_per_all_reduce():
     # One flat ring over all n ranks: each NIC carries 2(n-1)/n of a channel's share whatever
-    # the node count, so ring busbw across nodes equals the channels' total (8 x 48).
+    # the node count, so ring busbw across nodes equals the channels' total (8 x 48), less the
+    # ring's latency (2(n-1) steps: 1.9% at 16 nodes) and its pipeline fill (0.2%) at 16 GiB.
     for nodes in (2, 4, 16):
         est = costmodel.cluster_collective("all_reduce", 16 * GIB, gpu="H100", n_nodes=nodes,
                                            nic="IB-NDR", nics_per_node=8, algorithm="ring")
-        assert est.busbw / 1e9 == pytest.approx(8 * 48, rel=0.02)
+        assert est.busbw / 1e9 == pytest.approx(8 * 48, rel=0.025)
         assert est.bottleneck == "network"
 
 
@@ -221,6 +222,90 @@ def test_one_gpu_moves_nothing():
 def test_launch_overhead_is_the_fit_on_the_set_sweep():
     assert costmodel.fit_launch_overhead() == pytest.approx(costmodel.LAUNCH_OVERHEAD_S,
                                                             abs=0.5e-6)
+
+
+def test_both_set_parameters_are_the_joint_fit_on_the_set_sweep():
+    overhead, fill = costmodel.fit_set_parameters()
+    assert overhead == pytest.approx(costmodel.LAUNCH_OVERHEAD_S, abs=0.25e-6)
+    assert fill == costmodel.PIPELINE_FILL_CHUNKS == _model.PIPELINE_FILL_CHUNKS
+    assert fill > 0                      # the set rows ask for a fill: 0 chunk-times fits worse
+
+
+# --- The pipeline's fill (enqueue.cc calcCollChunking, v2.30.7-1) --------------------------------
+
+def test_chunks_are_nccls():
+    topo = _topo("H100")
+    # Simple: 4 MiB buffer / 8 steps x 4 chunk steps (ALLREDUCE_CHUNKSTEPS) = 2 MiB per ring
+    # chunk, nRanks chunks per loop; LL: 512 x 8 lines x 16 B per step, halved; LL128: 120 x 640
+    # x 8 B per step, 15 of every 16 elements.
+    assert _nccl.chunking(topo, _tuned(topo, "all_reduce", "ring", "Simple"), GIB) == (
+        12, 2 * MIB, 8)
+    assert _nccl.chunking(topo, _tuned(topo, "all_reduce", "ring", "LL"), GIB)[1] == 32768
+    assert _nccl.chunking(topo, _tuned(topo, "all_reduce", "ring", "LL128"), GIB)[1] == 576000
+    # NVLS on Hopper: 16 CTAs, 8 heads, 128 KiB chunks, cut to 64 KiB below 64 x 128 x 128 KiB
+    # = 1 GiB and to 32 KiB below 8 x 128 x 64 KiB = 64 MiB; 16 KiB below 2 x 128 x 32 KiB.
+    nvls = _tuned(topo, "all_reduce", "nvls", "Simple")
+    assert _nccl.chunking(topo, nvls, GIB) == (16, 128 * 1024, 8)
+    assert _nccl.chunking(topo, nvls, GIB - 1)[1] == 65536
+    assert _nccl.chunking(topo, nvls, 32 * MIB)[1] == 32768
+    assert _nccl.chunking(topo, nvls, 4 * MIB)[1] == 16384
+
+
+def test_the_fill_grows_with_the_size_until_a_loop_is_full():
+    topo = _topo("H100")
+    ring = _tuned(topo, "all_reduce", "ring", "Simple")
+    fill = [_nccl.fill_time_us(topo, ring, size, 2.5) for size in (16 * MIB, 32 * MIB, GIB)]
+    # One loop of 12 channels x 8 chunks of 2 MiB is 192 MiB: below it the fill is 2.5 chunk
+    # times of size / 96 bytes each; above it, of 2 MiB each.
+    assert fill[1] == pytest.approx(2 * fill[0])
+    assert fill[0] == pytest.approx(2.5 * 16 * MIB / 8 / (1000 * ring.bandwidth_gbps))
+    assert fill[2] == pytest.approx(2.5 * 12 * 2 * MIB / (1000 * ring.bandwidth_gbps))
+    assert _nccl.fill_time_us(topo, ring, GIB, 0.0) == 0.0
+
+
+def test_the_fill_never_changes_nccls_pick(monkeypatch):
+    clusters = [dict(gpu="H100"), dict(gpu="A100"), dict(gpu="B200"),
+                dict(gpu="H100", n_nodes=4, nic="IB-NDR", nics_per_node=8),
+                dict(gpu="B200", n_nodes=4, nic="Ethernet-400G", nics_per_node=8)]
+    sizes = [2**k for k in range(16, 35, 2)]
+    picks = {}
+    for fill in (costmodel.PIPELINE_FILL_CHUNKS, 0.0):
+        monkeypatch.setattr(_model, "PIPELINE_FILL_CHUNKS", fill)
+        picks[fill] = [(e.algorithm, e.protocol) for kw in clusters for op in ("all_reduce",
+                       "all_gather") for size in sizes
+                       for e in [costmodel.cluster_collective(op, size, **kw)]]
+    assert picks[costmodel.PIPELINE_FILL_CHUNKS] == picks[0.0]
+    assert len(set(picks[0.0])) >= 5
+
+
+def _mid_errors() -> dict[str, float]:
+    table = costmodel.validation_table("test")
+    by_regime = {str(e.regime): e.median_abs for e in costmodel.validation_by_regime(table)}
+    return {"1-16 MiB": costmodel.median_abs_error(table, min_bytes=MIB, max_bytes=16 * MIB),
+            "1 MiB-1 GiB": costmodel.median_abs_error(table, min_bytes=MIB,
+                                                      max_bytes=GIB - 1),
+            "1 node": by_regime["1 node, NVLink, all_reduce, 1 MiB - 1 GiB"],
+            "2 nodes IB": by_regime["2 nodes, InfiniBand, all_reduce, 1 MiB - 1 GiB"],
+            ">= 1 GiB": costmodel.median_abs_error(table, min_bytes=GIB)}
+
+
+#: Median |error| over the test rows with the fill, as found (22.9%, 15.7%, 8.8%, 14.5%, 3.9%),
+#: each asserted with a margin; without the fill they were 28.0%, 20.6%, 17.3%, 17.8%, 3.6%.
+MID_SIZE_BOUNDS = {"1-16 MiB": 0.24, "1 MiB-1 GiB": 0.17, "1 node": 0.10, "2 nodes IB": 0.16,
+                   ">= 1 GiB": 0.045}
+
+
+def test_the_fill_brings_the_middle_sizes_closer(monkeypatch):
+    found = _mid_errors()
+    print({k: f"{100 * v:.1f}%" for k, v in found.items()})
+    for name, bound in MID_SIZE_BOUNDS.items():
+        assert found[name] < bound, (name, found[name])
+    # Negative control: the same table without the fill (the model before it) fails the bounds
+    # of the middle sizes.
+    monkeypatch.setattr(_model, "PIPELINE_FILL_CHUNKS", 0.0)
+    before = _mid_errors()
+    for name in ("1-16 MiB", "1 MiB-1 GiB", "1 node", "2 nodes IB"):
+        assert before[name] > MID_SIZE_BOUNDS[name], (name, before[name])
 
 
 def test_set_rows_are_left_out_of_the_error_table():

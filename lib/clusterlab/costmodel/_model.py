@@ -4,7 +4,8 @@
 it picks an algorithm and a protocol: :mod:`clusterlab.costmodel._nccl` is a port of
 ``ncclTopoTuneModel`` and ``ncclTopoGetAlgoTime`` of one release (``NCCL_RELEASE``), fed with the
 graphs its topology search would find on the node. No bandwidth or efficiency here is fitted to
-a published row; ``LAUNCH_OVERHEAD_S`` is the one fitted constant. This module turns a
+a published row; ``LAUNCH_OVERHEAD_S`` and ``PIPELINE_FILL_CHUNKS`` are the two constants set
+from rows (role "set"). This module turns a
 :class:`clusterlab.hardware.ClusterSpec` into NCCL's view of the node's links and prices the
 collective (:func:`estimate`); :mod:`clusterlab.costmodel.validation` holds the model against
 the published rows and sets the band.
@@ -35,8 +36,14 @@ NIC_EFFICIENCY = 48.0 / 50.0
 #: Fixed cost of one collective call that NCCL's model leaves out (kernel launch, the
 #: benchmark's synchronisation), in seconds: fitted to the 8x H200 sweep of stas00's
 #: all_reduce_bench.py (a PyTorch benchmark, not nccl-tests) at <= 16 MiB, the rows with role
-#: "set"; :func:`fit_launch_overhead` recomputes it and a test checks it.
-LAUNCH_OVERHEAD_S = 23.0e-6
+#: "set", jointly with ``PIPELINE_FILL_CHUNKS``; :func:`fit_set_parameters` recomputes both.
+LAUNCH_OVERHEAD_S = 22.5e-6
+#: The pipeline's fill in chunk-times of one channel (``_nccl.fill_time_us``): NCCL's tuning model
+#: prices a full pipeline, and a collective pays a few chunk-times more before its pipeline is
+#: full (the chunk sizes are NCCL 2.30.7's, enqueue.cc calcCollChunking). Set, together with
+#: ``LAUNCH_OVERHEAD_S``, by the same role "set" rows (8x H200, <= 16 MiB):
+#: :func:`clusterlab.costmodel.fit_set_parameters` recomputes both and a test checks them.
+PIPELINE_FILL_CHUNKS = 2.5
 
 PROTOCOLS = _nccl.PROTOCOLS
 #: Algorithms as NCCL_ALGO names them (lower case), plus "pairwise" for all-to-all, which
@@ -314,9 +321,12 @@ def estimate(op: str, nbytes: float, cluster: hardware.ClusterSpec, *, algorithm
         return _unbanded(op, nbytes, cluster, time_s=seconds, algorithm="pairwise",
                          protocol="Simple", high_busbw=_high_busbw(op, "ring", links, cluster),
                          bottleneck=bound)
+    # NCCL picks by its own model (ncclTopoGetAlgoTime); the pick then also pays its pipeline's
+    # fill, which that model leaves out (so the fill never changes the pick).
     timed = [(_nccl.algo_time_us(topo, op, t, nbytes) * 1e-6 + LAUNCH_OVERHEAD_S, t)
              for t in _tuned_options(op, topo, cluster, algorithm, protocol)]
     seconds, best = min(timed, key=lambda pair: pair[0])
+    seconds += _nccl.fill_time_us(topo, best, nbytes, PIPELINE_FILL_CHUNKS) * 1e-6
     latency = best.latency_us * 1e-6 + LAUNCH_OVERHEAD_S
     high = _high_busbw(op, best.algorithm, links, cluster)
     bus = nbytes / seconds * busbw_factor(op, cluster.n_gpus)

@@ -405,3 +405,125 @@ def algo_time_us(topo: Topology, op: str, tuned: Tuned, nbytes: float) -> float:
             and op == "all_reduce" and nbytes / (topo.ring.n_channels * topo.n_ranks) >= 64):
         lat *= 1.9 if topo.compcap < 80 else 1.4          # "Plateau effect of ring"
     return lat + nbytes / (1000 * bw)
+
+
+# --- The chunks a collective is cut into (enqueue.cc calcCollChunking), for the pipeline fill ----
+# NCCL's tuning model (above) prices the steady state of a pipeline: ``latency + bytes / bw``. The
+# kernel moves each channel's share in chunks, and a pipeline of chunks is only full after its
+# first chunks have gone through: a fill of a few chunk-times that the tuning model leaves out.
+# The chunk sizes are NCCL's, from one release (v2.30.7-1):
+#   src/include/device.h: NCCL_STEPS 8, NCCL_LL_LINES_PER_THREAD 8, NCCL_LL128_ELEMS_PER_THREAD 120;
+#   src/init.cc (computeBuffSizes): DEFAULT_BUFFSIZE 4 MiB (Simple), DEFAULT_LL_BUFFSIZE
+#     8 x 512 threads x 8 steps x 16 B, DEFAULT_LL128_BUFFSIZE 120 x 640 threads x 8 steps x 8 B;
+#   src/include/collectives.h: ALLREDUCE/ALLGATHER/REDUCESCATTER_CHUNKSTEPS = NCCL_STEPS / 2;
+#   src/enqueue.cc calcCollChunking: stepSize = buffSize / NCCL_STEPS, chunkSize = stepSize x
+#     chunkSteps (ring Simple only; 1 otherwise), LL halves it, LL128 keeps 15 of 16 elements;
+#     ring loops hold nRanks chunks per channel, NVLS and NVLS-tree nHeads; the tree and NVLS
+#     shrink rules are ported below;
+#   src/transport/nvls.cc ncclNvlsTuning: NVLS_NCHANNELS_SM90 16, _SM100_NVL 24, _SM100 32,
+#     NCCL_NVLS_CHUNKSIZE 128 KiB, treeMaxChunkSize 64 KiB from 4 nodes (ncclNvlsTreeSm100Tuning
+#     for Blackwell across nodes).
+_NCCL_STEPS = 8
+_STEP_BYTES = {"Simple": (1 << 22) // _NCCL_STEPS, "LL": 8 * 512 * _NCCL_STEPS * 16 // _NCCL_STEPS,
+               "LL128": 120 * 640 * _NCCL_STEPS * 8 // _NCCL_STEPS}
+_RING_SIMPLE_CHUNK_STEPS = _NCCL_STEPS // 2
+_NVLS_CHUNK = 128 * 1024
+
+
+def _protocol_chunk(protocol: str, chunk_steps: int) -> int:
+    """calcCollChunking's starting chunk: stepSize x chunkSteps, LL halved, LL128 15/16."""
+    chunk = _STEP_BYTES[protocol] * chunk_steps
+    if protocol == "LL":
+        return chunk // 2
+    if protocol == "LL128":
+        return chunk // 16 * 15
+    return chunk
+
+
+def _nvls_setup(topo: Topology) -> tuple[int, int, int]:
+    """ncclNvlsTuning (nvls.cc): NVLS channels (CTAs), chunk and NVLS-tree's largest chunk.
+
+    Assumed: a GPU reaches its NIC through a PCIe switch (path PXB, as on HGX boards), and the
+    NIC bandwidth NCCL reads is the ring graph's per-channel network speed.
+    """
+    n_nodes, ppn = topo.n_nodes, topo.gpus_per_node
+    channels = 16 if topo.compcap < 100 else 24 if n_nodes == 1 else 32
+    chunk, tree_max = _NVLS_CHUNK, 0
+    if topo.compcap >= 100 and n_nodes > 1:            # ncclNvlsTreeSm100Tuning
+        nic = topo.ring.bw_inter
+        if n_nodes == 2 and nic >= 48.0:
+            channels, tree_max = 32, 128 * 1024
+            if ppn <= 4:
+                chunk = tree_max = 256 * 1024
+            elif ppn >= 16 or (ppn <= 8 and nic < 96.0):    # path PXB assumed
+                tree_max = 64 * 1024
+        elif nic >= 96.0:
+            channels, chunk, tree_max = ((24, 256 * 1024, 256 * 1024) if ppn <= 8
+                                         else (32, chunk, 128 * 1024 if ppn < 32 else 65536))
+        elif nic >= 48.0:
+            channels, tree_max = 24, 64 * 1024          # PXB
+    if not tree_max:
+        tree_max = 65536 if n_nodes >= 4 else chunk
+    return channels, chunk, tree_max
+
+
+def chunking(topo: Topology, tuned: Tuned, nbytes: float) -> tuple[int, int, int]:
+    """The chunk NCCL cuts a collective into (enqueue.cc calcCollChunking, v2.30.7-1).
+
+    Args:
+        topo: the communicator and its graphs.
+        tuned: the algorithm and protocol that run.
+        nbytes: the buffer in bytes.
+
+    Returns:
+        ``(channels, chunk_bytes, chunks_per_loop)``: the channels (CTAs) that run it, the
+        largest chunk one channel moves per step, and the chunks one loop of one channel holds
+        (ring: nRanks; tree: 1; NVLS, NVLS-tree: the heads). ``chunk_bytes`` 0: not modelled
+        (PAT, CollNet).
+    """
+    algorithm, protocol = tuned.algorithm, tuned.protocol
+    if algorithm == "ring":
+        steps = _RING_SIMPLE_CHUNK_STEPS if protocol == "Simple" else 1
+        return topo.ring.n_channels, _protocol_chunk(protocol, steps), topo.n_ranks
+    if algorithm == "tree":
+        channels, chunk = topo.tree.n_channels, _protocol_chunk(protocol, 1)
+        if protocol == "LL128":
+            ppn = topo.gpus_per_node
+            steps = 1 + int(math.log2(topo.n_nodes)) + 0.1 * ppn
+            while nbytes // (channels * chunk) < steps * 64 / ppn and chunk > 131072:
+                chunk //= 2
+            while nbytes // (channels * chunk) < steps * 16 / ppn and chunk > 32768:
+                chunk //= 2
+        return channels, chunk, 1
+    if algorithm in ("nvls", "nvls_tree"):
+        channels, chunk, tree_max = _nvls_setup(topo)
+        heads = topo.nvls.n_channels if topo.nvls is not None else topo.gpus_per_node
+        ops = channels * heads
+        if algorithm == "nvls":
+            chunk = min(chunk, _STEP_BYTES["Simple"])
+            for factor, floor in ((64, 65536), (8, 32768), (2, 16384)):
+                if nbytes < factor * ops * chunk and chunk > floor:
+                    chunk = floor
+        else:
+            chunk = min(chunk, tree_max)
+            for factor, floor in ((32, 262144), (16, 131072), (4, 65536), (1, 32768)):
+                if nbytes < factor * ops * chunk and chunk > floor:
+                    chunk = floor
+        return channels, chunk, heads
+    return 1, 0, 1
+
+
+def fill_time_us(topo: Topology, tuned: Tuned, nbytes: float, depth_chunks: float) -> float:
+    """The pipeline's fill, in us: ``depth_chunks`` chunk-times of one channel.
+
+    One channel moves ``nbytes / channels`` at ``bandwidth / channels``; its chunk is NCCL's
+    (:func:`chunking`), or smaller when the buffer does not fill one loop (the kernel then
+    cuts ``nbytes / (channels x chunks_per_loop)``). So the fill is ``depth x min(chunk x
+    channels, nbytes / chunks_per_loop) / bandwidth``: proportional to the size while the loop
+    is not full, then constant. ``depth_chunks`` is a parameter set from rows (see
+    :data:`clusterlab.costmodel.PIPELINE_FILL_CHUNKS`), not a constant of NCCL's source.
+    """
+    channels, chunk, per_loop = chunking(topo, tuned, nbytes)
+    if not chunk:
+        return 0.0
+    return depth_chunks * min(chunk * channels, nbytes / per_loop) / (1000 * tuned.bandwidth_gbps)

@@ -67,7 +67,9 @@ def cluster_collective(op: ClusterOp, nbytes: float, cluster: hardware.ClusterSp
 
     NCCL prices every algorithm and protocol with its own model and runs the fastest; this is
     that model, from NCCL 2.30.7 (``NCCL_RELEASE``; :mod:`clusterlab.costmodel._nccl` cites
-    ``src/graph/tuning.cc`` line by line), plus ``LAUNCH_OVERHEAD_S`` per call:
+    ``src/graph/tuning.cc`` line by line), plus ``LAUNCH_OVERHEAD_S`` per call and the fill of
+    the pipeline NCCL's model leaves out (``PIPELINE_FILL_CHUNKS`` chunk-times of one channel,
+    with NCCL's chunk sizes from ``src/enqueue.cc`` calcCollChunking; it never changes the pick):
 
     * **The graphs.** NCCL's topology search finds channels and a per-channel bandwidth for
       each algorithm; here they come from the node's links as NCCL counts them (an NVLink4 link
@@ -84,6 +86,10 @@ def cluster_collective(op: ClusterOp, nbytes: float, cluster: hardware.ClusterSp
       with ``sharp=True``; **PAT** for all-gather/reduce-scatter at one GPU per node.
     * **Protocols**: LL at half of Simple capped by ``llMaxBws``, LL128 at 92% capped per
       channel, on by default on NVLink nodes (Hopper and Blackwell included).
+    * **The fill**: NCCL's model prices a full pipeline; the first chunks of each channel fill
+      it, so the fill grows with the size until one loop of chunks is full (ring: 2 MiB x
+      ranks per channel with Simple; NVLS: 16-128 KiB x heads), then stays: the middle sizes
+      (1 MiB - 1 GiB) are where it counts.
     * **All-to-all** is grouped send/receive, which NCCL does not price: a course estimate
       (each GPU's node link and network share in parallel).
 

@@ -91,7 +91,7 @@ def validation_table(role: str | None = "test") -> list[ValidationRow]:
 
     Args:
         role: ``"test"`` (rows nothing was fitted to), ``"set"`` (the rows that set
-            ``LAUNCH_OVERHEAD_S``), ``"unhealthy"`` (logs of systems their threads call
+            ``LAUNCH_OVERHEAD_S`` and ``PIPELINE_FILL_CHUNKS``), ``"unhealthy"`` (logs of systems their threads call
             broken) or None (all healthy rows).
 
     Returns:
@@ -138,14 +138,15 @@ def validation_by_regime(rows: Sequence[ValidationRow] | None = None) -> list[Re
 
 
 @functools.lru_cache(maxsize=1)
-def _regime_errors(launch_overhead_s: float) -> dict[Regime, tuple[float, ...]]:
+def _regime_errors(launch_overhead_s: float,
+                   fill_chunks: float) -> dict[Regime, tuple[float, ...]]:
     return {e.regime: tuple(r.error for r in validation_table("test") if r.regime == e.regime)
             for e in validation_by_regime()}
 
 
 def regime_errors() -> dict[Regime, tuple[float, ...]]:
     """Each regime's errors over its test rows (cached; the band of :func:`cluster_collective`)."""
-    return _regime_errors(_model.LAUNCH_OVERHEAD_S)
+    return _regime_errors(_model.LAUNCH_OVERHEAD_S, _model.PIPELINE_FILL_CHUNKS)
 
 
 def format_regime_errors(errors: Sequence[RegimeError]) -> str:
@@ -180,8 +181,45 @@ def median_abs_error(rows: Sequence[ValidationRow], *, min_bytes: float = 0,
     return float(np.median(errors))
 
 
+def _set_sweep_score(sweep: Sequence[nccl_tests.PublishedRow]) -> float:
+    """Median ``|log(model / published)|`` over ``sweep`` with the module's constants as set."""
+    return float(np.median([abs(math.log(_model_row(r).model_gbps / r.busbw_gbps))
+                            for r in sweep]))
+
+
+def fit_set_parameters(*, overhead_step_s: float = 0.5e-6, overhead_max_s: float = 40e-6,
+                       fill_step: float = 0.25, fill_max: float = 6.0) -> tuple[float, float]:
+    """Refit :data:`LAUNCH_OVERHEAD_S` and :data:`PIPELINE_FILL_CHUNKS` together on the
+    ``role="set"`` sweep rows (<= 16 MiB), the only rows either is set from.
+
+    Tries every pair on the grid (overheads from 0 to ``overhead_max_s``, fills from 0 to
+    ``fill_max`` chunk-times) and keeps the pair with the smallest median
+    ``|log(model / published)|`` over those rows (the first found on a tie).
+
+    Returns:
+        ``(launch_overhead_s, fill_chunks)``; the module constants are this pair.
+    """
+    sweep = [r for r in nccl_tests.rows("set") if r.size_bytes <= 16 * 2**20]
+    saved = _model.LAUNCH_OVERHEAD_S, _model.PIPELINE_FILL_CHUNKS
+    best_score, best = math.inf, (0.0, 0.0)
+    try:
+        for j in range(int(round(fill_max / fill_step)) + 1):
+            for k in range(int(round(overhead_max_s / overhead_step_s)) + 1):
+                # The model reads the constants at each call: set them, price the sweep.
+                _model.LAUNCH_OVERHEAD_S = k * overhead_step_s
+                _model.PIPELINE_FILL_CHUNKS = j * fill_step
+                score = _set_sweep_score(sweep)
+                if score < best_score - 1e-12:
+                    best_score = score
+                    best = (_model.LAUNCH_OVERHEAD_S, _model.PIPELINE_FILL_CHUNKS)
+    finally:
+        _model.LAUNCH_OVERHEAD_S, _model.PIPELINE_FILL_CHUNKS = saved
+    return best
+
+
 def fit_launch_overhead(step_s: float = 0.5e-6, max_s: float = 100e-6) -> float:
-    """Refit :data:`LAUNCH_OVERHEAD_S` on the ``role="set"`` sweep rows (<= 16 MiB).
+    """Refit :data:`LAUNCH_OVERHEAD_S` alone on the ``role="set"`` sweep rows (<= 16 MiB),
+    with :data:`PIPELINE_FILL_CHUNKS` as it is set.
 
     Tries overheads from 0 to ``max_s`` in steps of ``step_s`` and keeps the one with the
     smallest median ``|log(model / published)|`` over those rows.
@@ -195,8 +233,7 @@ def fit_launch_overhead(step_s: float = 0.5e-6, max_s: float = 100e-6) -> float:
         for k in range(int(round(max_s / step_s)) + 1):
             # The model reads the constant at each call: set it, price the sweep.
             _model.LAUNCH_OVERHEAD_S = k * step_s
-            score = float(np.median([abs(math.log(_model_row(r).model_gbps / r.busbw_gbps))
-                                     for r in sweep]))
+            score = _set_sweep_score(sweep)
             if score < best_score - 1e-12:
                 best_score, best_s = score, _model.LAUNCH_OVERHEAD_S
     finally:
