@@ -5,8 +5,9 @@ derived from another row. What a row is for (``role``):
 
 * ``"set"``: the row sets a parameter of :func:`clusterlab.costmodel.cluster_collective`; the
   model is *fitted* to it, so its error proves nothing. The model takes its constants from
-  NCCL's source (``tuning.cc``); the only row-fitted constant left is the launch overhead
-  (``costmodel.LAUNCH_OVERHEAD_S``), fitted to the 8x H200 sweep at <= 16 MiB.
+  NCCL's source (``tuning.cc``, ``enqueue.cc``); the two row-fitted constants are the launch
+  overhead (``costmodel.LAUNCH_OVERHEAD_S``) and the pipeline's fill in chunk-times
+  (``costmodel.PIPELINE_FILL_CHUNKS``), fitted together to the 8x H200 sweep at <= 16 MiB.
 * ``"test"``: the row only tests the model; nothing is fitted on it.
 * ``"unhealthy"``: a published log of a system that its own thread says is broken or
   misconfigured (it lost bandwidth). Never a test of the model; kept as a negative example
@@ -178,8 +179,9 @@ for _gpu, _counts, _version in (("H200", _H200_COUNT, None), ("B200", _B200_COUN
                                  "test", "nccl-tests", _STAS00 + " (section SHARP)",
                                  **{**_meta, "stated": _meta["stated"] + ", NCCL_NVLS_ENABLE=0"}))
 
-# Small-message latency (role "set"): the 8x H200 sweep below, sizes <= 16 MiB, sets the one
-# fitted constant, costmodel.LAUNCH_OVERHEAD_S; its sizes >= 32 MiB only test.
+# Small-message latency and the pipeline's fill (role "set"): the 8x H200 sweep below, sizes
+# <= 16 MiB, sets the two fitted constants, costmodel.LAUNCH_OVERHEAD_S and
+# costmodel.PIPELINE_FILL_CHUNKS; its sizes >= 32 MiB only test.
 _H200_SWEEP = [1.44, 2.93, 5.73, 11.74, 23.94, 39.93, 64.53, 107.16, 155.53, 219.89, 275.84,
                346.51, 401.93, 436.15, 450.29, 463.58, 469.17, 473.10, 477.45, 482.26]
 for _row in _sweep("8x H200 (one node), NVLink4, NCCL's choice", "H200", 1, None, 0,
