@@ -144,6 +144,18 @@ class Profile:
         raise KeyError(f"No device {name!r} in this profile; it has "
                        f"{[d.device for d in self.devices]}.")
 
+    def steps(self) -> tuple[Profile, ...]:
+        """One profile per traced step, in the order they started."""
+        groups: dict[str | None, list[OpEvent]] = {}
+        for op in self.ops:
+            groups.setdefault(op.step, []).append(op)
+        out = []
+        for ops in sorted(groups.values(), key=lambda group: group[0].start_us):
+            start, end = ops[0].start_us, max(op.end_us for op in ops)
+            waits = [w for w in self.waits if start <= w[1] <= end]
+            out.append(_account(ops, waits, self.source))
+        return tuple(out)
+
     def table(self) -> str:
         """A text table, one row per device, times in ms per step."""
         per = 1e3 / self.n_steps
@@ -398,7 +410,12 @@ def read_trace(path: str | os.PathLike, *, hlo_texts: Iterable[str] = ()) -> Pro
             f"with {CPU_OP_EVENTS_FLAG} in XLA_FLAGS before JAX starts: call "
             "clusterlab.profile.enable_cpu_op_events() before devices.setup(...) (restart the "
             "kernel first). A GPU trace needs processes named /device:GPU:<n>.")
-    waits = _waits(events, ops)
+    return _account(ops, _waits(events, ops), source)
+
+
+def _account(ops: Sequence[OpEvent], waits: Sequence[tuple[str, float, float]],
+             source: str) -> Profile:
+    """The per-device accounting of the module docstring, over the steps' windows."""
     by_step: dict[str | None, list[OpEvent]] = {}
     for op in ops:
         by_step.setdefault(op.step, []).append(op)
@@ -432,13 +449,15 @@ def _device_order(name: str) -> tuple[str, int]:
 # ----------------------------------------------------------------------------------- reading it
 
 def straggler(profile: Profile, *, min_ratio: float = 2.0) -> str | None:
-    """The device every other one waits for, or ``None`` when there is none.
+    """The device every other one waits for, in every traced step; ``None`` when there is none.
 
     A straggler does more compute than the others and spends less time in collectives: the
-    others reach the collective first and wait there for it. Here: the device with the most
-    compute is a straggler when its compute is at least ``min_ratio`` times the median of the
-    others' and every other device spends at least ``min_ratio`` times as long in collectives
-    (exposed collective plus waiting: on a GPU the wait is inside the NCCL kernel).
+    others reach the collective first and wait there for it. In one step, the device with the
+    most compute is that step's straggler when its compute is at least ``min_ratio`` times the
+    median of the others' and every other device spends at least ``min_ratio`` times as long in
+    collectives (exposed collective plus waiting: on a GPU the wait is inside the NCCL kernel).
+    A device is returned only when it is the straggler of every step, so one step's hiccup (a
+    thread of a loaded host descheduled) is not taken for a slow device.
 
     Args:
         profile: a read trace with at least two devices.
@@ -448,8 +467,13 @@ def straggler(profile: Profile, *, min_ratio: float = 2.0) -> str | None:
         raise ValueError(f"straggler(min_ratio=...) must exceed 1, got {min_ratio}.")
     if len(profile.devices) < 2:
         raise ValueError("A straggler needs at least two devices in the profile.")
-    slowest = max(profile.devices, key=lambda d: d.compute_s)
-    others = [d for d in profile.devices if d is not slowest]
+    found = {_step_straggler(step, min_ratio) for step in profile.steps()}
+    return found.pop() if len(found) == 1 else None
+
+
+def _step_straggler(step: Profile, min_ratio: float) -> str | None:
+    slowest = max(step.devices, key=lambda d: d.compute_s)
+    others = [d for d in step.devices if d is not slowest]
     others_compute = sorted(d.compute_s for d in others)
     median = others_compute[len(others_compute) // 2]
     in_collectives = lambda d: d.collective_s + d.waiting_s
