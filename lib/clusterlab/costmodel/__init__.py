@@ -29,7 +29,8 @@ References:
 
 from clusterlab.costmodel._model import (
     CLUSTER_ALGORITHMS, FABRICS, LAUNCH_OVERHEAD_S, NCCL_RELEASE, NIC_EFFICIENCY,
-    NVLINK_EFFICIENCY, PIPELINE_FILL_CHUNKS, PROTOCOLS, SIZE_CLASSES, CollectiveEstimate, Regime, fabric_of, regime)
+    NVLINK_EFFICIENCY, PIPELINE_FILL_CHUNKS, PROTOCOLS, SIZE_CLASSES, CollectiveEstimate, Regime,
+    fabric_of, regime)
 from clusterlab.costmodel.alpha_beta import (
     ALGORITHMS, OPS, AlphaBeta, HeldOutFit, TwoLevelModel, algbw, busbw, busbw_factor,
     collective_alpha_beta, collective_steps_and_bytes, collective_time, crossover_bytes,
@@ -41,22 +42,25 @@ from clusterlab.costmodel.traffic import (
     pipeline_activation_microbatches, pipeline_bubble_fraction,
     sharded_data_parallel_bytes_per_step, tensor_parallel_bytes_per_step)
 from clusterlab.costmodel.validation import (
-    BAND_MARGIN, MIN_VALIDATION_ROWS, UNVALIDATED_BAND, RegimeError, ValidationRow,
-    fit_launch_overhead, fit_set_parameters, format_regime_errors, format_validation_table, median_abs_error,
+    BAND_MARGIN, MIN_VALIDATION_ROWS, UNVALIDATED_BAND, Disagreement, RegimeError, ValidationRow,
+    disagreements, fit_launch_overhead, fit_set_parameters, format_disagreements,
+    format_regime_errors, format_validation_table, median_abs_error, published_time_s,
     regime_errors, validation_by_regime, validation_table)
 
 __all__ = [
     "ALGORITHMS", "BAND_MARGIN", "CLUSTER_ALGORITHMS", "FABRICS", "LAUNCH_OVERHEAD_S",
     "MEGATRON_PAIRS_PER_LAYER", "MIN_VALIDATION_ROWS", "NCCL_RELEASE", "NIC_EFFICIENCY",
-    "NVLINK_EFFICIENCY", "OPS", "PIPELINE_FILL_CHUNKS", "PIPELINE_SCHEDULES", "PROTOCOLS", "SIZE_CLASSES",
-    "UNVALIDATED_BAND", "AlphaBeta", "CollectiveEstimate", "HeldOutFit", "Regime",
-    "RegimeError", "TensorParallelTraffic", "TwoLevelModel", "ValidationRow", "algbw",
-    "all_reduce_time", "busbw", "busbw_factor", "check_pipeline", "cluster_collective",
-    "collective_alpha_beta", "collective_steps_and_bytes", "collective_time", "crossover_bytes",
-    "data_parallel_bytes_per_step", "fabric_of", "fit_alpha_beta", "fit_held_out",
-    "fit_launch_overhead", "fit_set_parameters", "fit_two_level", "format_regime_errors", "format_validation_table",
-    "gradient_buckets", "hierarchical_all_reduce_time", "link_from_fit", "median_abs_error",
+    "NVLINK_EFFICIENCY", "OPS", "PIPELINE_FILL_CHUNKS", "PIPELINE_SCHEDULES", "PROTOCOLS",
+    "SIZE_CLASSES", "UNVALIDATED_BAND", "AlphaBeta", "CollectiveEstimate", "Disagreement",
+    "HeldOutFit", "Regime", "RegimeError", "TensorParallelTraffic", "TwoLevelModel",
+    "ValidationRow", "algbw", "all_reduce_time", "busbw", "busbw_factor", "check_pipeline",
+    "cluster_collective", "collective_alpha_beta", "collective_steps_and_bytes", "collective_time",
+    "crossover_bytes", "data_parallel_bytes_per_step", "disagreements", "fabric_of",
+    "fit_alpha_beta", "fit_held_out", "fit_launch_overhead", "fit_set_parameters", "fit_two_level",
+    "format_disagreements", "format_regime_errors", "format_validation_table", "gradient_buckets",
+    "hierarchical_all_reduce_time", "link_from_fit", "median_abs_error",
     "megatron_all_reduces_per_layer", "pipeline_activation_microbatches",
-    "pipeline_bubble_fraction", "regime", "regime_errors", "sharded_data_parallel_bytes_per_step",
-    "tensor_parallel_bytes_per_step", "validation_by_regime", "validation_table",
+    "pipeline_bubble_fraction", "published_time_s", "regime", "regime_errors",
+    "sharded_data_parallel_bytes_per_step", "tensor_parallel_bytes_per_step",
+    "validation_by_regime", "validation_table",
 ]

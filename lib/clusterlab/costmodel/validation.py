@@ -19,6 +19,7 @@ import numpy as np
 from clusterlab import hardware
 from clusterlab.costmodel import _model
 from clusterlab.costmodel._model import CollectiveEstimate, Regime, regime
+from clusterlab.costmodel.alpha_beta import busbw_factor
 from clusterlab.published import nccl_tests
 
 #: A healthy run's margin below the band that the model's validated error sets (run to run
@@ -239,3 +240,96 @@ def fit_launch_overhead(step_s: float = 0.5e-6, max_s: float = 100e-6) -> float:
     finally:
         _model.LAUNCH_OVERHEAD_S = saved
     return best_s
+
+
+# --- Published rows that disagree with each other ----------------------------------------------
+
+@dataclass(frozen=True)
+class Disagreement:
+    """Two published rows that cannot both be a healthy run of the same collective.
+
+    ``kind`` is ``"sweep"``: in one sweep (same system, source, op) a buffer ``second`` at
+    least twice as large as ``first`` took no longer, which no collective does (its time is a
+    latency plus a term that grows with the bytes); or ``"sources"``: the same configuration
+    and size from two systems or sources, busbw ``ratio`` apart.
+    """
+
+    kind: str
+    first: nccl_tests.PublishedRow
+    second: nccl_tests.PublishedRow
+    first_s: float           # published time of ``first`` (s)
+    second_s: float          # published time of ``second`` (s)
+    ratio: float             # busbw of the faster over the slower row
+
+
+def published_time_s(row: nccl_tests.PublishedRow) -> float:
+    """The time a published row implies: ``size x busbw_factor / busbw`` (nccl-tests' columns)."""
+    return row.size_bytes * busbw_factor(row.op, row.n_nodes * row.gpus_per_node) / (
+        row.busbw_gbps * 1e9)
+
+
+def _config(row: nccl_tests.PublishedRow) -> tuple:
+    return (row.op, row.gpu, row.n_nodes, row.gpus_per_node, row.nic, row.nics_per_node,
+            row.algorithm, row.intra_node_link_bytes_per_s)
+
+
+def disagreements(rows: Sequence[nccl_tests.PublishedRow] | None = None, *,
+                  min_bytes: float = 2**20, max_bytes: float = 16 * 2**20,
+                  source_ratio: float = 2.0) -> list[Disagreement]:
+    """Published rows (sizes in ``[min_bytes, max_bytes]``) that disagree with other rows.
+
+    A sweep row ``first`` disagrees with a row ``second`` of the same sweep of at least twice
+    its size when ``t(second) <= t(first)`` (times from the published busbw,
+    :func:`published_time_s`): twice the bytes in no more time. Two rows of the same
+    configuration and size from different systems or sources disagree when their busbw is more
+    than ``source_ratio`` apart.
+
+    Args:
+        rows: the rows to search (default: every healthy row, :func:`nccl_tests.rows`).
+        min_bytes, max_bytes: the sizes of ``first`` that are reported.
+        source_ratio: the busbw ratio above which two sources disagree.
+
+    Returns:
+        The disagreements, sweeps first, in the order of the rows.
+    """
+    rows = nccl_tests.rows(None) if rows is None else list(rows)
+    out = []
+    sweeps: dict[tuple, list[nccl_tests.PublishedRow]] = {}
+    for r in rows:
+        sweeps.setdefault((r.system, r.source, r.op), []).append(r)
+    for sweep in sweeps.values():
+        for a in sweep:
+            if not min_bytes <= a.size_bytes <= max_bytes:
+                continue
+            for b in sorted(sweep, key=lambda r: r.size_bytes):
+                if (b.size_bytes >= 2 * a.size_bytes
+                        and published_time_s(b) <= published_time_s(a)):
+                    out.append(Disagreement("sweep", a, b, published_time_s(a),
+                                            published_time_s(b), 0.0))
+                    break
+    configs: dict[tuple, list[nccl_tests.PublishedRow]] = {}
+    for r in rows:
+        if min_bytes <= r.size_bytes <= max_bytes:
+            configs.setdefault((*_config(r), r.size_bytes), []).append(r)
+    for group in configs.values():
+        for i, a in enumerate(group):
+            for b in group[i + 1:]:
+                if a.system == b.system and a.source == b.source:
+                    continue
+                ratio = max(a.busbw_gbps, b.busbw_gbps) / min(a.busbw_gbps, b.busbw_gbps)
+                if ratio > source_ratio:
+                    out.append(Disagreement("sources", a, b, published_time_s(a),
+                                            published_time_s(b), ratio))
+    return out
+
+
+def format_disagreements(found: Sequence[Disagreement]) -> str:
+    """A fixed-width table of :func:`disagreements`."""
+    lines = [f"{'kind':<8} {'row':<48} {'size':>8} {'time':>9}   {'against':<48} {'size':>8} "
+             f"{'time':>9} {'why':>20}"]
+    for d in found:
+        why = ("2x+ bytes, no longer" if d.kind == "sweep" else f"busbw x{d.ratio:.2f}")
+        lines.append(f"{d.kind:<8} {d.first.system[:48]:<48} {d.first.size_bytes / 2**20:6g}Mi "
+                     f"{d.first_s * 1e6:7.1f}us   {d.second.system[:48]:<48} "
+                     f"{d.second.size_bytes / 2**20:6g}Mi {d.second_s * 1e6:7.1f}us {why:>20}")
+    return "\n".join(lines)
