@@ -92,8 +92,8 @@ def validation_table(role: str | None = "test") -> list[ValidationRow]:
 
     Args:
         role: ``"test"`` (rows nothing was fitted to), ``"set"`` (the rows that set
-            ``LAUNCH_OVERHEAD_S`` and ``PIPELINE_FILL_CHUNKS``), ``"unhealthy"`` (logs of systems their threads call
-            broken) or None (all healthy rows).
+            ``LAUNCH_OVERHEAD_S`` and ``PIPELINE_FILL_CHUNKS``), ``"unhealthy"`` (logs of
+            systems their threads call broken) or None (all healthy rows).
 
     Returns:
         One :class:`ValidationRow` per published row, in the order of
