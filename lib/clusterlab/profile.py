@@ -44,7 +44,7 @@ import re
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable, NamedTuple, Sequence
+from typing import Callable, Iterable, Mapping, NamedTuple, Sequence
 
 import jax
 
@@ -213,6 +213,37 @@ def capture(step: Callable[..., object], *args, steps: int = 3,
     with jax.profiler.trace(str(log_dir)):
         for _ in range(steps):
             jax.block_until_ready(step(*args))
+    return find_trace(log_dir)
+
+
+def capture_programs(programs: Mapping[str, tuple[Callable[..., object], tuple]], *,
+                     steps: int = 2, log_dir: str | os.PathLike | None = None) -> Path:
+    """Like :func:`capture`, for several programs in one profiling session (one start-up).
+
+    Each program is compiled and run once first, then run ``steps`` times, one program after
+    the other, under one ``jax.profiler.trace``. Read one of them with
+    ``read_trace(path, module="jit_<its function's name>")``: give the functions distinct
+    names.
+
+    Args:
+        programs: label -> ``(jitted function, its arguments)``.
+        steps: how many steps of each to trace (at least 1).
+        log_dir: where the profiler writes; a new temporary directory if ``None``.
+
+    Returns:
+        The path of the trace file.
+    """
+    if not isinstance(steps, int) or steps < 1:
+        raise ValueError(f"capture_programs(steps=...) needs a whole number >= 1, got {steps!r}.")
+    if not programs:
+        raise ValueError("capture_programs needs at least one (function, arguments) pair.")
+    log_dir = Path(log_dir) if log_dir is not None else Path(tempfile.mkdtemp(prefix="trace-"))
+    for step, args in programs.values():
+        jax.block_until_ready(step(*args))  # compile outside the trace
+    with jax.profiler.trace(str(log_dir)):
+        for step, args in programs.values():
+            for _ in range(steps):
+                jax.block_until_ready(step(*args))
     return find_trace(log_dir)
 
 
@@ -386,7 +417,8 @@ def _intersect(a: Sequence[Interval], b: Sequence[Interval]) -> list[Interval]:
     return out
 
 
-def read_trace(path: str | os.PathLike, *, hlo_texts: Iterable[str] = ()) -> Profile:
+def read_trace(path: str | os.PathLike, *, hlo_texts: Iterable[str] = (),
+               module: str | None = None) -> Profile:
     """Read a trace file into per-device compute, collective, waiting and idle time.
 
     Args:
@@ -394,6 +426,9 @@ def read_trace(path: str | os.PathLike, *, hlo_texts: Iterable[str] = ()) -> Pro
         hlo_texts: compiled HLO texts of the traced programs (``hlo.compiled_text``); where
             given, an op is a collective when the compiled program says its opcode is one, not
             by its name (XLA:CPU names an all-reduce ``all-reduce.1`` or ``psum_invariant.7``).
+        module: keep only the ops of this compiled module (the ``hlo_module`` XLA:CPU's events
+            carry: ``"jit_<function name>"``), to read one program of a trace that ran several
+            (:func:`capture_programs`). GPU kernel events carry no module and are then dropped.
 
     Returns:
         The :class:`Profile`, devices in name order.
@@ -404,6 +439,14 @@ def read_trace(path: str | os.PathLike, *, hlo_texts: Iterable[str] = ()) -> Pro
     """
     events, process_names, thread_names = load_events(path)
     ops, source = _device_ops(events, process_names, thread_names, _hlo_kinds(hlo_texts))
+    if module is not None:
+        modules = {e["args"]["hlo_module"] for e in events if "hlo_module" in (e.get("args") or {})}
+        if module not in modules:
+            raise TraceError(f"No ops of module {module!r} in {path}; it holds "
+                             f"{sorted(modules) or 'no module names'}.")
+        kept = {(e.get("pid"), e.get("tid"), float(e["ts"])) for e in events
+                if (e.get("args") or {}).get("hlo_module") == module}
+        ops = [op for op in ops if (*op.thread, op.start_us) in kept]
     if not ops:
         raise TraceError(
             f"{path} holds no device op events. On simulated CPU devices XLA emits them only "
@@ -451,11 +494,12 @@ def _device_order(name: str) -> tuple[str, int]:
 def straggler(profile: Profile, *, min_ratio: float = 2.0) -> str | None:
     """The device every other one waits for, in every traced step; ``None`` when there is none.
 
-    A straggler does more compute than the others and spends less time in collectives: the
-    others reach the collective first and wait there for it. In one step, the device with the
-    most compute is that step's straggler when its compute is at least ``min_ratio`` times the
-    median of the others' and every other device spends at least ``min_ratio`` times as long in
-    collectives (exposed collective plus waiting: on a GPU the wait is inside the NCCL kernel).
+    A straggler does more compute than the others and waits less: the others reach the
+    collective first and wait there for it. In one step, the device with the most compute is
+    that step's straggler when its compute is at least ``min_ratio`` times the median of the
+    others' and every other device waits at least ``min_ratio`` times as long as it does. On
+    XLA:CPU the wait is the rendezvous's (``waiting_s``); on a GPU it is inside the NCCL kernel,
+    so there the whole exposed collective time (``collective_s``) stands for it.
     A device is returned only when it is the straggler of every step, so one step's hiccup (a
     thread of a loaded host descheduled) is not taken for a slow device.
 
@@ -476,9 +520,9 @@ def _step_straggler(step: Profile, min_ratio: float) -> str | None:
     others = [d for d in step.devices if d is not slowest]
     others_compute = sorted(d.compute_s for d in others)
     median = others_compute[len(others_compute) // 2]
-    in_collectives = lambda d: d.collective_s + d.waiting_s
+    waited = (lambda d: d.waiting_s) if step.source == "xla-cpu" else (lambda d: d.collective_s)
     if slowest.compute_s >= min_ratio * median and all(
-            in_collectives(d) >= min_ratio * in_collectives(slowest) for d in others):
+            waited(d) >= min_ratio * waited(slowest) for d in others):
         return slowest.device
     return None
 
