@@ -124,3 +124,34 @@ def test_planner_default_is_the_per_gemm_model():
 def test_bad_input_errors(make, message):
     with pytest.raises(ValueError, match=message):
         make()
+
+
+@pytest.mark.parametrize("tp", [1, 8])
+def test_output_layer_counts_narayanans_logit_flops(tp):
+    # 6 d V / t FLOPs per token (forward, dgrad, wgrad), never recomputed; the cross-entropy
+    # moves 12 bytes a logit on the GPU's V / t share; its time is the sum of both
+    s, b, d, vocab = 2048, 2, 6144, 51200
+    gemms = gemm.output_layer_gemms(s, b, d, vocab, tensor_parallel=tp)
+    assert [g.pass_ for g in gemms] == ["forward", "dgrad", "wgrad"]
+    assert sum(g.flops for g in gemms) / (b * s) == pytest.approx(6 * d * vocab / tp)
+    elementwise = gemm.output_layer_elementwise(s, b, vocab, tensor_parallel=tp)
+    assert sum(e.hbm_bytes for e in elementwise) == pytest.approx(12 * b * s * vocab / tp)
+    seconds = gemm.output_layer_time_s(A100, s, b, d, vocab, tensor_parallel=tp)
+    assert seconds == pytest.approx(sum(gemm.gemm_time_s(g, A100) for g in gemms)
+                                    + 12 * b * s * vocab / tp / A100.hbm_bytes_per_s)
+
+
+def test_vocabulary_puts_the_output_layer_on_the_last_stage():
+    # with pp = 4, every micro-batch passes the last stage: its output layer adds m times one
+    # micro-batch's output_layer_time_s to the compute, and nothing to the bubble
+    base = plan.Workload(7e9, 2048, 64, n_tokens=1e9, n_layers=32, d_model=4096)
+    cluster = plan.cluster("H100", 32, storage_read_bytes_per_s=1e12)
+    layout = plan.Layout(dp=8, pp=4)
+    without = plan.predict(base, cluster, layout)
+    with_vocab = plan.predict(dataclasses.replace(base, vocab_size=32000), cluster, layout)
+    m = 64 // 8
+    one = gemm.output_layer_time_s(H100, 2048, 1, 4096, 32000)
+    assert with_vocab.output_layer_s == pytest.approx(m * one)
+    assert with_vocab.compute_s == pytest.approx(without.compute_s + m * one)
+    assert with_vocab.bubble_s == pytest.approx(without.bubble_s)
+    assert without.output_layer_s == 0

@@ -175,20 +175,21 @@ def test_predict_by_hand_tensor_and_pipeline():
     one = costmodel.cluster_collective("all_reduce", 2 * 2048 * 4096 * 2, gpu="A100")
     assert one.algorithm == "ring" and one.n_gpus == 8
     assert p.tp_comm_s == pytest.approx(m * (32 / 4) * 6 * one.time_s)   # 6 with recompute
-    # slower than the line-rate ring (300 GB/s): NCCL reaches 82% of it, plus latency
+    # slower than the line-rate ring (300 GB/s): NCCL reaches 82% of it, plus latency and the
+    # pipeline fill (costmodel.PIPELINE_FILL_CHUNKS since 5e95c6e; 1.64 before it)
     line = costmodel.collective_time("all_reduce", 2 * 2048 * 4096 * 2, 8, 300e9)
-    assert 1 / costmodel.NVLINK_EFFICIENCY < one.time_s / line < 1.7   # 1.64: latency 83 us
+    assert 1 / costmodel.NVLINK_EFFICIENCY < one.time_s / line < 2.2   # 2.04
     assert p.compute_s == pytest.approx(p.model_flops_per_step * 4 / 3 / (64 * 312e12 * 0.5))
     # bubble: (p-1)/(m+p-1) of the pipeline's time
     assert p.bubble_s / (p.compute_s + p.tp_comm_s + p.bubble_s) == pytest.approx(3 / (8 + 3))
     # dp = 2 replicas of one stage are on different nodes (tp fills a node): each GPU's own
     # HDR NIC, a ring of 2 at the speed NCCL's search gives a 25 GB/s NIC, 24 GB/s (96%), plus
-    # NCCL's ring latency and the launch overhead (under 1% here)
+    # NCCL's ring latency, the launch overhead and the pipeline fill (1.4% here)
     dp = costmodel.cluster_collective("all_reduce", 2 * 8e9 / 32, gpu="A100", n_nodes=2,
                                       gpus_per_node=1, nic="IB-HDR")
     assert dp.algorithm == "ring" and p.dp_comm_s == pytest.approx(dp.time_s, rel=1e-9)
     assert p.dp_comm_s == pytest.approx(
-        costmodel.collective_time("all_reduce", 2 * 8e9 / 32, 2, 24e9), rel=0.01)
+        costmodel.collective_time("all_reduce", 2 * 8e9 / 32, 2, 24e9), rel=0.02)
     # 2 nodes of InfiniBand, 500 MB: a regime with published rows, as the plan records
     assert p.dp_estimate.regime == dp.regime and p.dp_estimate.validated == dp.validated
     assert p.states_bytes == pytest.approx(memory.training_memory_per_device(8e9 / 32, 2, 1))
@@ -372,7 +373,7 @@ def test_dataclasses_are_frozen():
     (lambda: plan.predict(W70, HW1024, plan.Layout(dp=64, tp=16)), "tp=16 must divide the 8"),
     (lambda: plan.predict(W70, HW1024, plan.Layout(dp=1, tp=8, pp=128)), "exceeds the 80 layers"),
     (lambda: plan.predict(replace(W70, global_batch=1000), HW1024, plan.Layout(dp=128, tp=8)),
-     "does not divide over dp=128"),
+     "global batch does not divide over dp .* 1000 sequences, dp=128"),
     (lambda: plan.predict(replace(W70, global_batch=1536), HW1024,
                           plan.Layout(dp=256, pp=4, virtual_stages=2)), "not a multiple of 4"),
     (lambda: plan.predict(W70, replace(HW1024, storage_read_bytes_per_s=None),

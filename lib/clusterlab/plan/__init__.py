@@ -34,8 +34,8 @@ from clusterlab.plan.fabric_comparison import (FABRIC_CLUSTERS, FABRIC_JOB, Data
 from clusterlab.plan.power import (PUE_HYPERSCALE, PUE_INDUSTRY_AVERAGE, cluster_power_w,
                                    facility_power_w, gpus_within_power,
                                    peak_flops_per_facility_w)
-from clusterlab.plan.prediction import (BYTES_PER_VALUE, Plan, dp_all_reduce, dp_all_reduce_s,
-                                        predict, predict_published)
+from clusterlab.plan.prediction import (BYTES_PER_VALUE, Plan, broken_rule, dp_all_reduce,
+                                        dp_all_reduce_s, predict, predict_published)
 from clusterlab.plan.search import (Refusal, SearchResult, SearchSpace, best_plan,
                                     candidate_layouts, describe_plan, format_plans,
                                     format_refusals, gpus_needed, rank_layouts, search_layouts)
@@ -49,7 +49,7 @@ from clusterlab.plan.validation import validation_table
 __all__ = [
     "BACKWARD_FRACTION", "BYTES_PER_VALUE", "FABRIC_CLUSTERS",
     "FABRIC_JOB", "PUE_HYPERSCALE", "PUE_INDUSTRY_AVERAGE", "Assumptions", "DataParallelJob",
-    "Layout", "Plan", "Refusal", "SearchResult", "SearchSpace", "StepTime", "Workload", "best_plan", "candidate_layouts", "cluster",
+    "Layout", "Plan", "Refusal", "broken_rule", "SearchResult", "SearchSpace", "StepTime", "Workload", "best_plan", "candidate_layouts", "cluster",
     "cluster_power_w", "data_parallel_step", "default_shape", "describe_plan", "dp_all_reduce",
     "dp_all_reduce_s", "fabric_step", "facility_power_w", "format_plans", "format_refusals", "gpus_needed",
     "gpus_within_power", "hidden_all_reduce_s", "model_shape", "network_to_match",

@@ -186,6 +186,40 @@ def _stages_cross_nodes(layout: Layout, cluster: ClusterSpec) -> bool:
     return layout.pp > 1 and layout.tp * layout.dp >= cluster.gpus_per_node
 
 
+def broken_rule(workload: Workload, layout: Layout, *, schedule_rules: bool = True) -> str | None:
+    """The divisibility rule a layout breaks for a workload, named, or None: the one check
+    behind :func:`predict` (which raises it) and the search (which counts refusals by it).
+
+    Rules: the global batch divides over ``dp``; the micro-batch divides each replica's
+    sequences; and with ``schedule_rules`` Megatron-LM's for its schedule: interleaving (v > 1)
+    needs pp > 1, layers divisible by ``pp * v`` and micro-batches a multiple of pp; ZeRO > 0
+    needs dp > 1. :func:`predict` leaves the schedule rules out: it prices a stage of
+    ``L / pp`` layers as an average, so a layout Megatron would refuse (Llama 3's 126 layers in
+    16 x 4 chunks) can still be estimated.
+
+    Returns:
+        The rule's name (no numbers, so that refusals of one rule count together), or None.
+    """
+    n_layers, _ = workload.shape
+    if workload.global_batch % layout.dp:
+        return "global batch does not divide over dp"
+    per_replica = workload.global_batch // layout.dp
+    if per_replica % layout.micro_batch:
+        return "micro-batch does not divide the replica's sequences"
+    if not schedule_rules:
+        return None
+    if layout.virtual_stages > 1:
+        if layout.pp == 1:
+            return "interleaving needs pp > 1"
+        if n_layers % (layout.pp * layout.virtual_stages):
+            return "layers not divisible by pp * v"
+        if (per_replica // layout.micro_batch) % layout.pp:
+            return "interleaving needs micro-batches a multiple of pp"
+    if layout.zero_stage > 0 and layout.dp == 1:
+        return "ZeRO needs dp > 1"
+    return None
+
+
 def _check_layout(workload: Workload, cluster: ClusterSpec, layout: Layout) -> int:
     """Validate a layout for a workload on a cluster; return micro-batches per replica."""
     if layout.n_gpus != cluster.n_gpus:
@@ -200,13 +234,13 @@ def _check_layout(workload: Workload, cluster: ClusterSpec, layout: Layout) -> i
     if layout.pp * layout.virtual_stages > n_layers:
         raise ValueError(f"pp * virtual_stages = {layout.pp * layout.virtual_stages} exceeds the "
                          f"{n_layers} layers; each stage needs at least one layer.")
-    if workload.global_batch % layout.dp:
-        raise ValueError(f"The global batch of {workload.global_batch} sequences does not divide "
-                         f"over dp={layout.dp} replicas; choose dp dividing it.")
+    rule = broken_rule(workload, layout, schedule_rules=False)
+    if rule is not None:
+        raise ValueError(f"Layout {layout} breaks a rule: {rule} (global batch "
+                         f"{workload.global_batch} sequences, dp={layout.dp}, micro-batch "
+                         f"{layout.micro_batch}); choose dp dividing the batch and a micro-batch "
+                         f"dividing each replica's share.")
     per_replica = workload.global_batch // layout.dp
-    if per_replica % layout.micro_batch:
-        raise ValueError(f"Each replica's {per_replica} sequences do not divide into "
-                         f"micro-batches of {layout.micro_batch}.")
     if cluster.storage_read_bytes_per_s is None:
         raise ValueError("The planner needs the cluster's storage: give the ClusterSpec a "
                          "storage_read_bytes_per_s (plan.cluster requires it).")

@@ -21,8 +21,9 @@ from dataclasses import dataclass, field, replace
 
 from clusterlab import costmodel, memory
 from clusterlab.hardware import ClusterSpec
-from clusterlab.plan.prediction import Plan, predict
-from clusterlab.plan.workload import RECOMPUTE_POLICIES, Assumptions, Layout, Workload
+from clusterlab.plan.prediction import Plan, broken_rule, predict
+from clusterlab.gemm import RECOMPUTE_POLICIES
+from clusterlab.plan.workload import Assumptions, Layout, Workload
 
 
 def _divisors(n: int) -> list[int]:
@@ -33,9 +34,9 @@ def _divisors(n: int) -> list[int]:
 class SearchSpace:
     """The values the search tries; a value that a layout's rules forbid is refused, not tried.
 
-    Rules (Megatron-LM's): a micro-batch size divides each replica's sequences; virtual stages
-    > 1 need pp > 1, layers divisible by pp * v and micro-batches a multiple of pp; ZeRO > 0
-    needs dp > 1.
+    Rules (Megatron-LM's, :func:`clusterlab.plan.prediction.broken_rule`): a micro-batch size
+    divides each replica's sequences; virtual stages > 1 need pp > 1, layers divisible by
+    pp * v and micro-batches a multiple of pp; ZeRO > 0 needs dp > 1.
     """
 
     micro_batches: tuple[int, ...] = (1, 2, 4, 8)
@@ -82,24 +83,6 @@ class SearchResult:
     n_candidates: int = 0
 
 
-def _rule_broken(workload: Workload, layout: Layout) -> str | None:
-    """The divisibility rule a layout breaks, or None."""
-    n_layers, _ = workload.shape
-    per_replica = workload.global_batch // layout.dp
-    if per_replica % layout.micro_batch:
-        return "micro-batch does not divide the replica's sequences"
-    if layout.virtual_stages > 1:
-        if layout.pp == 1:
-            return "interleaving needs pp > 1"
-        if n_layers % (layout.pp * layout.virtual_stages):
-            return "layers not divisible by pp * v"
-        if (per_replica // layout.micro_batch) % layout.pp:
-            return "interleaving needs micro-batches a multiple of pp"
-    if layout.zero_stage > 0 and layout.dp == 1:
-        return "ZeRO needs dp > 1"
-    return None
-
-
 def _candidates(workload: Workload, cluster: ClusterSpec, space: SearchSpace):
     """Every (workload, layout) of the space on the cluster, with the rule each breaks."""
     n_layers, _ = workload.shape
@@ -117,7 +100,7 @@ def _candidates(workload: Workload, cluster: ClusterSpec, space: SearchSpace):
                         for stage in space.zero_stages:
                             layout = Layout(dp=dp, tp=tp, pp=pp, zero_stage=stage,
                                             micro_batch=mbs, virtual_stages=v)
-                            yield policy_workload, layout, _rule_broken(workload, layout)
+                            yield policy_workload, layout, broken_rule(workload, layout)
 
 
 def candidate_layouts(workload: Workload, cluster: ClusterSpec,
