@@ -5,11 +5,11 @@ axis of p devices. Everything in a transformer layer but attention is token-wise
 communication; attention needs every key and value. Two ways to get them, both here beside the
 single-device reference they must match (:func:`reference_attention`):
 
-* **Ring attention** ({func}`ring_attention`, Liu et al. 2023): each device keeps its queries and
+* **Ring attention** (:func:`ring_attention`, Liu et al. 2023): each device keeps its queries and
   passes its key/value block around a ring with ``jax.lax.ppermute``, p-1 steps, folding each
   block it receives into an *online softmax* accumulator (running max, running sum, unnormalised
   output; Milakov & Gimelshein 2018), so no device ever holds the whole sequence's scores.
-* **Ulysses** ({func}`ulysses_attention`, Jacobs et al. 2023): one all-to-all turns the
+* **Ulysses** (:func:`ulysses_attention`, Jacobs et al. 2023): one all-to-all turns the
   sequence-sharded q, k, v into head-sharded ones (every device: the whole sequence, H/p heads),
   attention runs locally, and a second all-to-all turns the output back.
 
