@@ -62,6 +62,18 @@ def fabric_step(job: DataParallelJob, cluster: ClusterSpec, *, overlap: float = 
     The gradient all-reduce is :func:`clusterlab.costmodel.cluster_collective` (the one model of
     NCCL across nodes) on the cluster; the step is :func:`clusterlab.plan.data_parallel_step`.
 
+    Compute is ``job.compute_efficiency`` of peak, not the per-GEMM model that
+    :func:`clusterlab.plan.predict` uses by default (``Assumptions.compute_efficiency=None``),
+    on purpose: the comparison asks what the *network* costs, so it holds compute at one stated
+    fraction that the chapters' code and prose reason with (chapter 01's and 08's ``e = 0.5``,
+    chapter 07's "the GPUs alone could do 50%"), and the same fraction on every cluster keeps
+    the fabrics' ratios a statement about fabrics. The per-GEMM model would price
+    :data:`FABRIC_JOB`'s compute at 75% of peak (33 layers of 4224, one 4096-token sequence
+    per micro-batch on an H100; ``tests/test_plan.py`` computes it), which shortens every step's
+    compute by a third and makes the network a larger share; for that question use
+    :func:`clusterlab.plan.predict` with ``Layout(dp=n_gpus)``, whose data-parallel term is this
+    function's all-reduce (lab 10 checks the two agree at ``compute_efficiency=0.5``).
+
     Args:
         job: the workload.
         cluster: the GPUs and NICs.

@@ -175,27 +175,51 @@ def regime_summary(rows: list[ValidationRow]) -> dict[str, dict[str, float]]:
             for name, group in groups.items() if group}
 
 
+#: The issue's goals for rows that set nothing: median |error| within 10%, every row within 25%.
+MEDIAN_GOAL, ROW_GOAL = 0.10, 0.25
+
+TABLE_HEADER = ("run", "metric", "published", "predicted", "error", "source",
+                "sets a parameter")
+SUMMARY_HEADER = ("regime", "rows", "median |error|", "largest |error|")
+
+
 def _value(row: ValidationRow, value: float) -> str:
     return f"{value:.2f} s" if row.metric.startswith("iteration") else f"{value:.1%}"
 
 
+def table_cells(rows: list[ValidationRow]) -> list[tuple[str, ...]]:
+    """Each row as the cells of :data:`TABLE_HEADER`, as text (for a table in a book or lab)."""
+    return [(r.run, r.metric, _value(r, r.published), _value(r, r.predicted), f"{r.error:+.1%}",
+             r.source, "yes" if r.sets_parameter else "no") for r in rows]
+
+
+def summary_cells(summary: dict[str, dict[str, float]]) -> list[tuple[str, ...]]:
+    """:func:`regime_summary` as the cells of :data:`SUMMARY_HEADER`, as text."""
+    return [(name, str(s["rows"]), f"{s['median_abs_error']:.1%}", f"{s['max_abs_error']:.1%}")
+            for name, s in summary.items()]
+
+
+def outside_goals(summary: dict[str, dict[str, float]]) -> dict[str, dict[str, float]]:
+    """The regimes where the planner misses a goal: median |error| above :data:`MEDIAN_GOAL` or
+    a row above :data:`ROW_GOAL` (where it is not to be trusted to that precision)."""
+    return {name: s for name, s in summary.items()
+            if s["median_abs_error"] > MEDIAN_GOAL or s["max_abs_error"] > ROW_GOAL}
+
+
+def _fixed_width(header: tuple[str, ...], cells: list[tuple[str, ...]]) -> str:
+    widths = [max(len(str(c)) for c in column) for column in zip(header, *cells)]
+    lines = ["  ".join(f"{h:<{w}}" for h, w in zip(header, widths)),
+             "  ".join("-" * w for w in widths)]
+    lines += ["  ".join(f"{c:<{w}}" for c, w in zip(row, widths)) for row in cells]
+    return "\n".join(line.rstrip() for line in lines)
+
+
 def format_validation_table(rows: list[ValidationRow]) -> str:
-    """The rows as a fixed-width table: run, metric, published, predicted, error, source and
-    whether the row set a parameter."""
-    header = (f"{'run':<34} {'metric':<19} {'published':>10} {'predicted':>10} {'error':>7}  "
-              f"{'source':<16} sets a parameter")
-    lines = [header, "-" * len(header)]
-    for r in rows:
-        lines.append(f"{r.run:<34} {r.metric:<19} {_value(r, r.published):>10} "
-                     f"{_value(r, r.predicted):>10} {r.error:>+7.1%}  {r.source:<16} "
-                     f"{'yes' if r.sets_parameter else 'no'}")
-    return "\n".join(lines)
+    """The rows as a fixed-width table (:data:`TABLE_HEADER`): run, metric, published,
+    predicted, error, source and whether the row set a parameter."""
+    return _fixed_width(TABLE_HEADER, table_cells(rows))
 
 
 def format_regime_summary(summary: dict[str, dict[str, float]]) -> str:
-    """:func:`regime_summary` as a table: regime, rows, median and largest |error|."""
-    lines = [f"{'regime':<22} {'rows':>4} {'median |error|':>15} {'largest |error|':>16}"]
-    for name, s in summary.items():
-        lines.append(f"{name:<22} {s['rows']:>4} {s['median_abs_error']:>15.1%} "
-                     f"{s['max_abs_error']:>16.1%}")
-    return "\n".join(lines)
+    """:func:`regime_summary` as a fixed-width table (:data:`SUMMARY_HEADER`)."""
+    return _fixed_width(SUMMARY_HEADER, summary_cells(summary))
