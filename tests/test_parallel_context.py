@@ -220,3 +220,19 @@ def test_placement_round_trip(qkv):
                                             [6, 7, 8, 9]]
     np.testing.assert_array_equal(context.from_placement(context.to_placement(q, 4, "zigzag"),
                                                          4, "zigzag"), q)
+
+
+def test_ring_overlap_condition():
+    # multi-head attention in bf16: S/p >= F / W, FLOPs over bytes per second
+    assert context.ring_overlap_min_block_tokens(1e15, 5e11, n_heads=32) == pytest.approx(2000)
+    # grouped-query attention sends fewer keys and values: 8 of 128 heads, 16 times fewer tokens
+    assert context.ring_overlap_min_block_tokens(1e15, 5e11, n_heads=128, n_kv_heads=8) == \
+        pytest.approx(125)
+    # the condition from its definition: compute of one step = transfer of one step
+    tokens = context.ring_overlap_min_block_tokens(989e12, 450e9, n_heads=16, n_kv_heads=4,
+                                                   causal_fraction=0.5)
+    compute_s = 0.5 * 4 * tokens ** 2 * 16 * 128 / 989e12
+    transfer_s = 2 * tokens * 4 * 128 * 2 / 450e9
+    assert compute_s == pytest.approx(transfer_s)
+    with pytest.raises(ValueError, match="share of a block"):
+        context.ring_overlap_min_block_tokens(1e15, 5e11, n_heads=8, causal_fraction=0)

@@ -476,3 +476,43 @@ def ulysses_traffic(batch: int, seq_len: int, n_heads: int, head_dim: int, p: in
     block = batch * (seq_len // p) * n_heads * head_dim * bytes_per_element
     sizes = (3 * block, block)
     return Traffic("all-to-all", 2, sizes, sum(sizes), sum(sizes) * (p - 1) / p)
+
+
+def ring_overlap_min_block_tokens(flops_per_s: float, link_bytes_per_s: float, *,
+                                  n_heads: int, n_kv_heads: int | None = None,
+                                  bytes_per_element: int = 2, causal_fraction: float = 1.0
+                                  ) -> float:
+    """The fewest tokens per device for which a ring step's transfer hides behind its compute.
+
+    One ring step computes a block of (S/p)^2 scores and its product with the values, forward
+    ``4 B (S/p)^2 H Dh`` FLOPs (times ``causal_fraction``, the share of the block a causal
+    mask leaves), while it sends the next key/value block, ``2 B (S/p) H_kv Dh`` values. The
+    transfer hides when compute time >= transfer time, that is when
+
+        S/p >= flops_per_s * H_kv * bytes_per_element / (2 * H * link_bytes_per_s * fraction).
+
+    Batch and head size cancel. At peak FLOP/s this is a lower bound: a GPU below its peak
+    computes longer, and hides more. Liu et al. (2023) state the same condition (block size
+    at least FLOPs over bandwidth).
+
+    Args:
+        flops_per_s: the device's attention FLOP/s (its peak, for the bound).
+        link_bytes_per_s: the ring's per-direction bandwidth per device.
+        n_heads: query heads H.
+        n_kv_heads: key/value heads (grouped-query attention); ``n_heads`` when None.
+        bytes_per_element: of the keys and values sent (2 for bf16).
+        causal_fraction: the share of a score block computed (1; about 1/2 for zig-zag
+            causal steps, which compute two of four chunk blocks).
+
+    Returns:
+        Tokens per device (S/p), a float.
+    """
+    n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
+    if min(flops_per_s, link_bytes_per_s, n_heads, n_kv_heads, bytes_per_element) <= 0:
+        raise ValueError("FLOP/s, bandwidth, head counts and bytes per element must be "
+                         "positive.")
+    if not 0 < causal_fraction <= 1:
+        raise ValueError(f"causal_fraction is a share of a block, in (0, 1]; got "
+                         f"{causal_fraction}.")
+    return (flops_per_s * n_kv_heads * bytes_per_element
+            / (2 * n_heads * link_bytes_per_s * causal_fraction))
