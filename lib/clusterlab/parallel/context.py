@@ -14,9 +14,10 @@ single-device reference they must match (:func:`reference_attention`):
   attention runs locally, and a second all-to-all turns the output back.
 
 With a causal mask, a contiguous split is uneven: device i's queries see i+1 of the p key blocks,
-so the last device works p times as long as the first. The *zig-zag* placement (Brandon et al.
-2023's striping and Llama 3's context parallelism, Dubey et al. 2024, cut the sequence into 2p
-chunks and give device i chunks i and 2p-1-i) gives every device the same work:
+so the last device works p times as long as the first. The *zig-zag* placement of Llama 3's
+context parallelism (Dubey et al. 2024: cut the sequence into 2p chunks, give device i chunks i
+and 2p-1-i; Brandon et al. 2023 stripe tokens round-robin for the same end) gives every device
+the same work:
 :func:`causal_blocks_per_device` counts it, and :func:`ring_attention` skips the masked blocks
 and counts what it computed, so the two can be compared.
 
