@@ -244,9 +244,10 @@ def gpus_needed(workload: Workload, cluster: ClusterSpec,
 
 def format_plans(plans: list[Plan]) -> str:
     """A fixed-width table of plans: the layout (dp, tp, pp; micro-batch size, virtual stages,
-    recomputation policy, ZeRO stage), memory, step parts, MFU, days, bottleneck."""
+    recomputation policy, ZeRO stage), memory, step parts (opt: the optimizer step), MFU,
+    days, bottleneck."""
     header = (f"{'layout':<17} {'mbs':>3} {'v':>2} {'recompute':<9} {'ZeRO':>4} {'mem GB':>7} "
-              f"{'compute':>8} {'tp':>7} {'pp':>7} {'bubble':>7} {'dp':>7} {'data':>7} "
+              f"{'compute':>8} {'tp':>7} {'pp':>7} {'bubble':>7} {'dp':>7} {'opt':>7} {'data':>7} "
               f"{'step s':>8} {'MFU':>6} {'days':>7}  {'network model':<13}  bottleneck")
     lines = [header]
     for p in plans:
@@ -257,7 +258,7 @@ def format_plans(plans: list[Plan]) -> str:
             f"{p.workload.recompute_policy:<9} {p.layout.zero_stage:4d} "
             f"{p.memory_bytes / 1e9:7.1f} {p.compute_s:8.3f} "
             f"{p.tp_comm_s:7.3f} {p.pp_comm_s:7.3f} {p.bubble_s:7.3f} {p.dp_comm_s:7.3f} "
-            f"{p.data_wait_s:7.3f} {p.step_s:8.3f} {100 * p.mfu:5.1f}% {days:7.1f}  "
+            f"{p.optimizer_s:7.3f} {p.data_wait_s:7.3f} {p.step_s:8.3f} {100 * p.mfu:5.1f}% {days:7.1f}  "
             f"{p.network_model:<13}  {p.bottleneck}")
     lines.append(f"# all-reduces priced by NCCL {costmodel.NCCL_RELEASE}'s tuning model "
                  f"(costmodel.cluster_collective); 'unvalidated': no published rows in that "
