@@ -8,11 +8,16 @@ a channel count and a per-channel bandwidth inside and between nodes). This modu
 model, rule by rule, from one release:
 
     NVIDIA/nccl v2.30.7-1 (commit 73100d2, 2026-06-04), ``src/graph/tuning.cc`` (lines cited
-    as ``tuning.cc:N``), ``src/graph/search.cc`` and ``src/graph/topo.h``.
+    as ``tuning.cc:N``), ``src/graph/search.cc`` and ``src/graph/topo.h``; the chunk sizes of
+    the pipeline's fill (:func:`chunking`, :func:`fill_time_us`) from ``src/enqueue.cc``
+    (calcCollChunking), ``src/transport/nvls.cc``, ``src/init.cc`` and ``src/include``, read
+    at tag v2.30.7-1 (commit 73cf112 of NVIDIA/nccl as fetched; its tuning.cc line numbers are
+    the ones cited here).
 
-What is *not* NCCL's code is :func:`graphs`: NCCL finds its graphs by a timed recursive search
-over the real PCI/NVLink/NIC topology (``ncclTopoCompute``, search.cc:1137-1290); here they are
-derived from a node's link totals by the rules that search follows (its speed arrays, the
+What is *not* NCCL's code is :func:`graphs` and the depth of the fill (how many chunk-times it
+lasts, a parameter set from rows; NCCL's tuning model has no fill). NCCL finds its graphs by a
+timed recursive search over the real PCI/NVLink/NIC topology (``ncclTopoCompute``,
+search.cc:1137-1290); here they are derived from a node's link totals by the rules that search follows (its speed arrays, the
 channel duplication, the tree's raised intra-node bandwidth), which is an approximation. On a
 real system ``NCCL_DEBUG=INFO`` prints the graphs NCCL found ("Pattern 4, crossNic 0, nChannels
 16, bw 24.000000/24.000000, ..."), and :class:`Graph` takes them as they are printed.
