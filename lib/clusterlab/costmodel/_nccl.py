@@ -19,8 +19,9 @@ lasts, a parameter set from rows; NCCL's tuning model has no fill). NCCL finds i
 timed recursive search over the real PCI/NVLink/NIC topology (``ncclTopoCompute``,
 search.cc:1137-1290); here they are derived from a node's link totals by the rules that search
 follows (its speed arrays, the channel duplication, the tree's raised intra-node bandwidth),
-which is an approximation. On a real system ``NCCL_DEBUG=INFO`` prints the graphs NCCL found ("Pattern 4, crossNic 0, nChannels
-16, bw 24.000000/24.000000, ..."), and :class:`Graph` takes them as they are printed.
+which is an approximation. On a real system ``NCCL_DEBUG=INFO`` prints the graphs NCCL found
+("Pattern 4, crossNic 0, nChannels 16, bw 24.000000/24.000000, ..."), and :class:`Graph` takes
+them as they are printed.
 
 Assumed where NCCL reads the machine: an x86 Intel host (``getNetOverhead`` 1 us,
 ``llMaxBws`` row 0 across nodes), InfiniBand-like networks with no extra plugin latency
