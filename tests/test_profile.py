@@ -139,7 +139,7 @@ def test_a_straggler_shows_as_waiting_on_every_other_device(captured):
         slow = step.device(last)
         for d in step.devices:
             if d.device != last:
-                assert d.waiting_s > 2 * slow.waiting_s
+                assert d.waiting_s >= 3 * slow.waiting_s
     # Negative control: the balanced step has no straggler.
     assert profile.straggler(_read(captured, "balanced")) is None
     print(f"straggler found: {last}; none on the balanced trace: holds")
