@@ -236,3 +236,14 @@ def test_ring_overlap_condition():
     assert compute_s == pytest.approx(transfer_s)
     with pytest.raises(ValueError, match="share of a block"):
         context.ring_overlap_min_block_tokens(1e15, 5e11, n_heads=8, causal_fraction=0)
+
+
+def test_a_placement_mismatch_is_caught(qkv):
+    # zig-zag tokens handed to a ring that masks as if they were contiguous
+    q, k, v, _ = qkv
+    ring = context.make_ring_attention(sub_mesh(4, AXIS), AXIS, causal=True)
+    with check.fp32_matmuls():
+        out, _ = ring(*(context.to_placement(x, 4, "zigzag") for x in (q, k, v)))
+    check.verify_catches("zig-zag tokens, contiguous ring", lambda: check.verify_close(
+        "causal ring attention", context.from_placement(out, 4, "zigzag"),
+        _reference(q, k, v, True), rtol=check.fp32_rtol()))
