@@ -23,6 +23,17 @@ def _all_reduced_bytes(ns):
 
 _LAYER = costmodel.tensor_parallel_bytes_per_step(2 * 4096, 8192, 2, 8, bytes_per_element=2)
 
+
+def _overlap_ratio() -> float:
+    # lab04.5: one collective-matmul step on 8 H100s, 2 x 4096 tokens, D = 8192, bf16, 4D columns
+    tokens, width, tp = 2 * 4096, 8192, 8
+    matmul_s = 2 * (tokens // tp) * width * (4 * width // tp) / hardware.gpu("H100").bf16_flops
+    transfer_s = (tokens // tp) * width * 2 / hardware.link("NVLink4").bytes_per_s
+    return matmul_s / transfer_s
+
+
+_OVERLAP_RATIO = _overlap_ratio()
+
 KEY = {
     "lab04.1": grading.equal(_all_reduced_bytes, name="bytes all-reduced",
                              hint="Count the forward pass's and the backward pass's all-reduces "
@@ -33,6 +44,11 @@ KEY = {
         name="all-reduce time",
         hint="Count a layer's all-reduces in a training step and the bytes of each (tokens x "
              "width x bytes per value); a ring sends a share of each over the link."),
+    "lab04.5": grading.close(_OVERLAP_RATIO, name="partial matmul time over transfer time",
+                             hint="One ring step moves one token block (T/p tokens of width D); "
+                                  "its matmul multiplies that block by the GPU's 4D/p columns. "
+                                  "Time each at peak: FLOPs (2 per multiply-add) over the bf16 "
+                                  "peak, bytes over NVLink's bandwidth."),
 }
 
 
