@@ -287,3 +287,59 @@ def _executed_in(name: str, computations: dict[str, list[str]], *,
             if callee:
                 ops.extend(_executed_in(callee.group(1), computations, depth=depth + 1))
     return ops
+
+
+class CompiledFootprint(NamedTuple):
+    """What XLA's analyses of one compiled program report, per device.
+
+    Attributes:
+        temp_bytes: temporaries (``memory_analysis().temp_size_in_bytes``): intermediates,
+            and in a gradient step the activations kept for the backward pass.
+        argument_bytes: the inputs (parameters, batch).
+        output_bytes: the outputs (e.g. the gradients).
+        flops: ``cost_analysis()["flops"]``; XLA counts a loop body once, whatever its trip
+            count.
+    """
+
+    temp_bytes: int
+    argument_bytes: int
+    output_bytes: int
+    flops: float
+
+
+def compiled_footprint(jitted: Callable[..., object], *args) -> CompiledFootprint:
+    """Memory and FLOPs of ``jitted(*args)`` from the compiled program's own analyses.
+
+    Args:
+        jitted: a ``jax.jit``-wrapped function, e.g. ``jax.jit(jax.grad(loss))``.
+        *args: example arguments to compile it for.
+
+    Returns:
+        A :class:`CompiledFootprint`.
+
+    Raises:
+        TypeError: when ``jitted`` is not jitted.
+        ValueError: when the backend reports no memory or FLOP analysis.
+    """
+    if not hasattr(jitted, "lower"):
+        raise TypeError("compiled_footprint needs a jax.jit-wrapped function (it calls "
+                        ".lower); wrap yours with jax.jit first.")
+    return footprint(jitted.lower(*args).compile())
+
+
+def footprint(compiled) -> CompiledFootprint:
+    """:func:`compiled_footprint` of a program compiled already (``jitted.lower(...).compile()``),
+    which can then also be called without compiling it again.
+
+    Raises:
+        ValueError: when the backend reports no memory or FLOP analysis.
+    """
+    memory = compiled.memory_analysis()
+    cost = compiled.cost_analysis()
+    if isinstance(cost, (list, tuple)):  # older JAX: one dict per program
+        cost = cost[0] if cost else {}
+    if memory is None or not cost or "flops" not in cost:
+        raise ValueError("XLA reported no memory or cost analysis for this program on this "
+                         "backend.")
+    return CompiledFootprint(int(memory.temp_size_in_bytes), int(memory.argument_size_in_bytes),
+                             int(memory.output_size_in_bytes), float(cost["flops"]))

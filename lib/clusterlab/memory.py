@@ -232,3 +232,107 @@ def kv_cache_bytes(n_layers: int, n_kv_heads: int, head_dim: int, seq_len: int, 
     sequences = _checks.count("batch", batch, minimum=0)
     per_value = _check_positive("bytes_per_value", bytes_per_value)
     return math.ceil(2 * layers * heads * dim * tokens * sequences * per_value)
+
+
+#: How :func:`transformer_block_activation_bytes` counts: ``"minimal"``, the tensors the
+#: backward pass needs (Korthikanti et al.'s way), or ``"jax"``, what JAX 0.10.2's autodiff of
+#: :func:`clusterlab.models.transformer_block` keeps in the compiled program (XLA:CPU).
+ACTIVATION_COUNTS = ("minimal", "jax")
+
+
+def transformer_block_activation_bytes(seq_len: int, micro_batch: int, hidden: int,
+                                       n_heads: int, mlp_hidden: int, *,
+                                       recompute: str = "none", bytes_per_value: float = 4,
+                                       count: str = "minimal") -> float:
+    """Bytes of activations the course's transformer block keeps for its backward pass.
+
+    The block is :func:`clusterlab.models.transformer_block`: pre-LayerNorm, causal multi-head
+    attention, a ReLU MLP of width ``H = mlp_hidden``, fp32 (``v = bytes_per_value = 4``), no
+    dropout. With sequence length ``s``, micro-batch ``b``, hidden size ``h`` and ``a`` heads,
+    tensor by tensor, ``count="minimal"`` (what the backward pass needs, counted as
+    :func:`transformer_layer_activation_bytes` counts it):
+
+    * attention: the LayerNorm's input ``sbh``; its output, the Q/K/V projections' input
+      ``sbh``; Q, K and V for the two attention matmuls ``3 sbh``; the softmax output, read by
+      the softmax's backward and by ``weights @ V``'s, ``a s^2 b``; the heads, input of the
+      output projection, ``sbh``;
+    * MLP: the second LayerNorm's input ``sbh``; its output, the first matmul's input ``sbh``;
+      the ReLU's output ``sbH``, the second matmul's input, which also says where the ReLU
+      passed its gradient (so its input is not needed);
+
+    in all ``v (8 sbh + sbH + a s^2 b)``. ``recompute="selective"`` recomputes the scores and
+    softmax from the kept Q and K, dropping ``v a s^2 b``; ``recompute="full"`` keeps only the
+    block's input, ``v sbh``, and recomputes the rest in the backward pass.
+
+    How this differs from Korthikanti et al.'s ``sbh (34 + 5as/h)``: their values are 16-bit
+    (``v = 2``, not 4); their dropouts keep 1-byte masks (``2 sbh`` after attention and MLP,
+    ``a s^2 b`` after the softmax) and the dropped-out softmax (``2 a s^2 b``), none here; their
+    GeLU keeps its input and output (``2 sbH``), the ReLU only its output. With ``v = 2``,
+    ``H = 4h``, those masks and a GeLU, the count above is theirs: ``2(8 + 4 + 4) sbh + 2 sbh =
+    34 sbh`` and ``2 + 1 + 2 = 5 a s^2 b``.
+
+    ``count="jax"`` counts what JAX 0.10.2 keeps when it differentiates this block op by op, as
+    the compiled program holds it (XLA:CPU; measured in ``tests/test_memory_recompute.py``):
+
+    * each LayerNorm keeps ``x - mean``, twice it (the square's derivative), the normalised
+      input and its output: ``4 sbh``, not 2; and its per-token ``rsqrt`` and that
+      ``rsqrt``'s derivative factor, ``2 sb``, and the scale broadcast, ``h``;
+    * attention: Q, K, V and the heads, ``4 sbh``; the softmax keeps its exponentials and its
+      output, ``2 a s^2 b`` (JAX differentiates ``jax.nn.softmax`` through ``exp`` and the
+      division), and two per-row values (the row sum and the square of its inverse) ``2 asb``;
+    * the ReLU keeps its output ``sbH`` and a 1-byte mask of where its input was positive
+      (``sbH`` bytes).
+
+    ``v (12 sbh + sbH + 2 a s^2 b + 4 sb + 2 asb + 2 h) + sbH`` in all. JAX's own list of
+    residuals (``jax.ad_checkpoint.print_saved_residuals``) also names the masked scores, the
+    causal mask and ReLU's zeros; the compiled program keeps none of them. Under the
+    selective policy of :func:`clusterlab.models.recompute_policy` the ``2 a s^2 b`` go and
+    the softmax's row maximum, one more ``asb``, is kept instead; under ``"full"``, ``v sbh``.
+
+    Args:
+        seq_len: s, tokens per sequence.
+        micro_batch: b, sequences per micro-batch.
+        hidden: h, the model width.
+        n_heads: a, attention heads.
+        mlp_hidden: H, the MLP's hidden width (``d_hidden`` of
+            :func:`clusterlab.models.init_transformer_block`).
+        recompute: ``"none"``, ``"selective"`` (scores and softmax recomputed) or ``"full"``
+            (only the block's input kept).
+        bytes_per_value: v, bytes per activation value (4 for the course's fp32).
+        count: ``"minimal"`` or ``"jax"`` (see above).
+
+    Returns:
+        Bytes for one block. For s = 64, b = 2, h = 32, a = 4, H = 128 in fp32: 327,680
+        minimal and 547,072 as JAX keeps them, without recomputation.
+
+    Raises:
+        ValueError: on a size that is not a positive integer, an unknown ``recompute`` or
+            ``count``, or a ``bytes_per_value`` that is not positive.
+
+    References:
+        Korthikanti et al., "Reducing Activation Recomputation in Large Transformer Models",
+        MLSys 2023, Section 4. https://arxiv.org/abs/2205.05198
+        Chen et al., "Training Deep Nets with Sublinear Memory Cost", 2016 (recomputation).
+        https://arxiv.org/abs/1604.06174
+    """
+    s = _checks.count("seq_len", seq_len)
+    b = _checks.count("micro_batch", micro_batch)
+    h = _checks.count("hidden", hidden)
+    a = _checks.count("n_heads", n_heads)
+    big_h = _checks.count("mlp_hidden", mlp_hidden)
+    v = _check_positive("bytes_per_value", bytes_per_value)
+    if recompute not in ACTIVATION_RECOMPUTE:
+        raise ValueError(f"recompute must be one of {ACTIVATION_RECOMPUTE}, got {recompute!r}.")
+    if count not in ACTIVATION_COUNTS:
+        raise ValueError(f"count must be one of {ACTIVATION_COUNTS}, got {count!r}.")
+    tokens = s * b
+    if recompute == "full":
+        return float(v * tokens * h)
+    scores = a * s * s * b                       # values of one s x s tensor per head
+    if count == "minimal":
+        kept_scores = 0 if recompute == "selective" else scores
+        return float(v * (8 * tokens * h + tokens * big_h + kept_scores))
+    kept_scores = 0 if recompute == "selective" else 2 * scores
+    per_row = (3 if recompute == "selective" else 2) * a * s * b
+    values = 12 * tokens * h + tokens * big_h + kept_scores + 4 * tokens + per_row + 2 * h
+    return float(v * values + tokens * big_h)   # + the ReLU's 1-byte mask

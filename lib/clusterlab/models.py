@@ -406,3 +406,97 @@ def max_abs_diff(a: Params, b: Params) -> float:
     diffs = jax.tree.leaves(jax.tree.map(
         lambda u, v: float(np.max(np.abs(np.asarray(u) - np.asarray(v)), initial=0.0)), a, b))
     return max(diffs, default=0.0)
+
+
+#: The recomputation policies of :func:`recompute_policy`, as
+#: :func:`clusterlab.memory.transformer_block_activation_bytes` names them.
+RECOMPUTE = ("none", "selective", "full")
+
+
+def _output_avals(primitive, avals, params) -> list:
+    """The abstract outputs of one jaxpr equation, from its inner jaxpr or abstract evaluation."""
+    for key in ("call_jaxpr", "jaxpr", "fun_jaxpr"):
+        inner = params.get(key)
+        if inner is not None and hasattr(inner, "out_avals"):
+            return list(inner.out_avals)
+    out = primitive.abstract_eval(*avals, **params)
+    if isinstance(out, tuple) and len(out) == 2 and not hasattr(out[1], "shape"):
+        out = out[0]  # (avals, effects)
+    return list(out) if isinstance(out, (list, tuple)) else [out]
+
+
+def recompute_policy(recompute: str, *, seq_len: int) -> Callable[..., bool]:
+    """The ``jax.checkpoint`` policy of a recomputation level for :func:`transformer_block`.
+
+    * ``"none"``: ``jax.checkpoint_policies.everything_saveable``, as if no checkpoint;
+    * ``"selective"``: save every intermediate except those shaped like the attention scores
+      (last two axes ``seq_len x seq_len``: the scores, the mask applied to them, their
+      exponentials and softmax), so the backward pass recomputes the scores and the softmax
+      from the kept Q and K, Korthikanti et al.'s selective recomputation. A policy by shape,
+      because ``causal_attention`` names none of its values (``checkpoint_name``);
+      ``dots_with_no_batch_dims_saveable`` would also recompute the LayerNorms, the ReLU and
+      the heads;
+    * ``"full"``: ``jax.checkpoint_policies.nothing_saveable``, only the block's input kept.
+
+    Args:
+        recompute: ``"none"``, ``"selective"`` or ``"full"``.
+        seq_len: S, the sequence length, which makes a value an attention-score tensor.
+
+    Returns:
+        A policy for ``jax.checkpoint(..., policy=...)``.
+
+    References:
+        JAX, "Gradient checkpointing with jax.checkpoint" (policies), JAX 0.10.2.
+        Korthikanti et al., MLSys 2023, Section 5 (selective recomputation).
+        https://arxiv.org/abs/2205.05198
+    """
+    if recompute not in RECOMPUTE:
+        raise ValueError(f"recompute must be one of {RECOMPUTE}, got {recompute!r}.")
+    seq = _checks.count("seq_len", seq_len)
+    if recompute == "none":
+        return jax.checkpoint_policies.everything_saveable
+    if recompute == "full":
+        return jax.checkpoint_policies.nothing_saveable
+
+    def save_all_but_scores(primitive, *avals, **params) -> bool:
+        outs = _output_avals(primitive, avals, params)
+        return not any(tuple(getattr(o, "shape", ()))[-2:] == (seq, seq) for o in outs)
+
+    return save_all_but_scores
+
+
+def init_transformer_stack(key: jax.Array, *, n_blocks: int, d_model: int, n_heads: int,
+                           d_hidden: int) -> dict:
+    """``n_blocks`` transformer blocks' parameters stacked on a leading axis, for a scan.
+
+    Returns:
+        The dict of :func:`init_transformer_block` with every leaf ``f32[L, ...]``.
+    """
+    n_blocks = _checks.count("n_blocks", n_blocks)
+    blocks = [init_transformer_block(k, d_model=d_model, n_heads=n_heads, d_hidden=d_hidden)
+              for k in jax.random.split(key, n_blocks)]
+    return jax.tree.map(lambda *leaves: jnp.stack(leaves), *blocks)
+
+
+def transformer_stack_loss(stacked: dict, x: jax.Array, y: jax.Array, *,
+                           recompute: str = "none") -> jax.Array:
+    """Mean squared error of L transformer blocks run in a ``jax.lax.scan``, each checkpointed.
+
+    Each block is ``jax.checkpoint(transformer_block, policy=recompute_policy(recompute))``.
+    The scan matters: the backward pass is its own loop, so XLA cannot merge the recomputed
+    forward with the original one (in an unrolled program on XLA:CPU, JAX 0.10.2, its common
+    subexpression elimination did, and the memory saving vanished).
+
+    Args:
+        stacked: from :func:`init_transformer_stack`, leaves ``f32[L, ...]``.
+        x: f32[B, S, D] inputs.
+        y: f32[B, S, D] targets.
+        recompute: ``"none"``, ``"selective"`` or ``"full"`` (:func:`recompute_policy`).
+
+    Returns:
+        f32[] scalar loss.
+    """
+    block = jax.checkpoint(transformer_block,
+                           policy=recompute_policy(recompute, seq_len=x.shape[1]))
+    out, _ = jax.lax.scan(lambda h, params: (block(params, h), None), x, stacked)
+    return jnp.mean((out - y) ** 2)
