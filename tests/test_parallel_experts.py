@@ -1,6 +1,7 @@
 """Expert parallelism (clusterlab.parallel.experts) against the dense single-device MoE: output
 and gradients on 2, 4 and 8 devices, dropped tokens against the capacity formula, the
-all-to-alls of the compiled program against the byte formula, negative controls, input checks."""
+all-to-alls of the compiled program against the byte formula, negative controls, input checks;
+and lab 13's programming assignment (the dispatch all-to-all) judged by its key."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from clusterlab import check, hlo
+from assignment_support import KEYS, lab_sources, solution_functions
+from clusterlab import check, grading, hlo
 from clusterlab.parallel import experts
 from conftest import sub_mesh
 
@@ -196,3 +198,40 @@ def test_pure_helpers():
     collapsed = experts.load_balancing_loss(jnp.array([32, 0, 0, 0]),
                                             jnp.array([32.0, 0, 0, 0]), 32, 1)
     assert float(uniform) == pytest.approx(1.0) and float(collapsed) == pytest.approx(4.0)
+
+
+# ---- the programming assignment lab13.4 (the dispatch all-to-all), judged by the key -------
+
+_KEY13 = grading.load_key(KEYS / "lab13.py")
+_LAB13 = lab_sources("13", ["lab13-dispatch"])
+_A2A = "jax.lax.all_to_all(buffers, axis_name, split_axis=0, concat_axis=1, tiled=True)"
+_GATHERED = ("jax.lax.dynamic_slice_in_dim(jax.lax.all_gather(buffers, axis_name, axis=1, "
+             "tiled=True), jax.lax.axis_index(axis_name) * (buffers.shape[0] // "
+             "jax.lax.axis_size(axis_name)), buffers.shape[0] // jax.lax.axis_size(axis_name), 0)")
+
+
+def _judge13(planted=None) -> grading.Verdict:
+    return grading.judge(_KEY13, "lab13.4",
+                         solution_functions(_LAB13, planted)["dispatch_to_experts"], {})
+
+
+def test_lab13_dispatch_solution_passes_on_2_4_and_8_devices():
+    assert sorted(e.n_devices for e in _KEY13["lab13.4"].exports) == [2, 4, 8]
+    verdict = _judge13()
+    assert verdict.passed, verdict.line
+
+
+@pytest.mark.parametrize("planted, failed", [
+    ((_A2A, _A2A.replace("concat_axis=1", "concat_axis=0")), "experts' slots on 2 devices"),
+    ((_A2A, _GATHERED), "runs [('all-gather'"),  # right values, the wrong collective
+])
+def test_lab13_dispatch_bugs_fail_the_hidden_test_that_names_them(planted, failed):
+    verdict = _judge13(planted)
+    assert not verdict.passed and failed in verdict.line, verdict.line
+
+
+def test_lab13_skeleton_is_refused():
+    skeleton = {}
+    exec(_LAB13[0].split("check.answer")[0], {"jax": jax}, skeleton)
+    verdict = grading.judge(_KEY13, "lab13.4", skeleton["dispatch_to_experts"], {})
+    assert not verdict.passed and "NotImplementedError" in verdict.line
