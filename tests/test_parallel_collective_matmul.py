@@ -28,8 +28,9 @@ def _inputs(p: int):
     w1 = jax.random.normal(keys[1], (D, H), jnp.float32)  # f32[D, H], split by columns
     h = jax.random.normal(keys[2], (T, H), jnp.float32)   # f32[T, H], split by columns
     w2 = jax.random.normal(keys[3], (H, D), jnp.float32)  # f32[H, D], split by rows
-    return mesh, {"column": (devices.shard(x, mesh, P(AXIS)), devices.shard(w1, mesh, P(None, AXIS))),
-                  "row": (devices.shard(h, mesh, P(None, AXIS)), devices.shard(w2, mesh, P(AXIS)))}
+    return mesh, {
+        "column": (devices.shard(x, mesh, P(AXIS)), devices.shard(w1, mesh, P(None, AXIS))),
+        "row": (devices.shard(h, mesh, P(None, AXIS)), devices.shard(w2, mesh, P(AXIS)))}
 
 
 _MAKE = {"column": tensor.make_column_matmul, "row": tensor.make_row_matmul}
@@ -155,7 +156,7 @@ _ASYNC_HLO = """HloModule toy, is_scheduled=true
 ENTRY %main (x: f32[4,8], w: f32[8,4]) -> (f32[4,8], f32[4,4]) {
   %x = f32[4,8]{1,0} parameter(0)
   %w = f32[8,4]{1,0} parameter(1)
-  %cp-start = (f32[4,8]{1,0}, f32[4,8]{1,0}) collective-permute-start(%x), channel_id=1, source_target_pairs={{0,1},{1,0}}
+  %cp-start = (f32[4,8]{1,0}, f32[4,8]{1,0}) collective-permute-start(%x), channel_id=1
   %mm = f32[4,4]{1,0} fusion(%x, %w), kind=kOutput, calls=%fused_dot
   %cp-done = f32[4,8]{1,0} collective-permute-done(%cp-start)
   ROOT %t = (f32[4,8]{1,0}, f32[4,4]{1,0}) tuple(%cp-done, %mm)

@@ -594,7 +594,7 @@ def reduce_scatter_gradients(grads: jax.Array, axis_name: str, *, axis: int = 0,
 
 
 def send_to_next(x: jax.Array, axis_name: str) -> jax.Array:
-    """One step of a ring: device ``i`` sends ``x`` to device ``i+1 (mod p)`` and receives ``i-1``'s.
+    """One ring step: device ``i`` sends ``x`` to device ``i+1 (mod p)``, receives ``i-1``'s.
 
     Forward, one ``collective-permute`` of ``x``'s bytes per device. Backward, JAX transposes it
     into the opposite shift (device ``i`` sends the cotangent to ``i-1``), one more

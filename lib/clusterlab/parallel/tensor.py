@@ -20,9 +20,18 @@ forward and L backward, each of a ``T * D * b``-byte buffer; none backward for t
 when its input is the data, whose gradient nobody needs
 (:func:`clusterlab.costmodel.tensor_parallel_bytes_per_step`).
 
+With the activations split by tokens between blocks (sequence parallelism), a column-parallel
+matmul needs an all-gather first and a row-parallel one a reduce-scatter after;
+:func:`collective_matmul` and :func:`collective_matmul_reduce_scatter` split either into p-1 ring
+steps beside partial matmuls that a GPU can overlap with them (Wang et al. 2023).
+
 References:
     Shoeybi et al., "Megatron-LM: Training Multi-Billion Parameter Language Models Using Model
     Parallelism", 2019. https://arxiv.org/abs/1909.08053
+    Korthikanti et al., "Reducing Activation Recomputation in Large Transformer Models", 2022.
+    https://arxiv.org/abs/2205.05198
+    Wang et al., "Overlap Communication with Dependent Computation via Decomposition in Large
+    Deep Learning Models", ASPLOS 2023. https://doi.org/10.1145/3567955.3567959
 """
 
 from __future__ import annotations
