@@ -135,11 +135,12 @@ def test_a_straggler_shows_as_waiting_on_every_other_device(captured):
     read = _read(captured, "straggler")
     last = f"cpu:{N_DEVICES - 1}"
     assert profile.straggler(read) == last, read.table()
-    for step in read.steps():
-        slow = step.device(last)
-        for d in step.devices:
-            if d.device != last:
-                assert d.waiting_s >= 3 * slow.waiting_s
+    slow = read.device(last)
+    for d in read.devices:
+        if d.device != last:
+            assert d.waiting_s >= 5 * slow.waiting_s
+    for step in read.steps():  # the least waiting device in every step
+        assert min(step.devices, key=lambda d: d.waiting_s).device == last
     # Negative control: the balanced step has no straggler.
     assert profile.straggler(_read(captured, "balanced")) is None
     print(f"straggler found: {last}; none on the balanced trace: holds")

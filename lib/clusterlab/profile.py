@@ -491,20 +491,21 @@ def _device_order(name: str) -> tuple[str, int]:
 
 # ----------------------------------------------------------------------------------- reading it
 
-def straggler(profile: Profile, *, wait_ratio: float = 3.0,
-              compute_ratio: float = 1.25) -> str | None:
-    """The device every other one waits for, in every traced step; ``None`` when there is none.
+def straggler(profile: Profile, *, wait_ratio: float = 5.0,
+              compute_ratio: float = 1.0) -> str | None:
+    """The device every other one waits for; ``None`` when there is none.
 
     A straggler arrives last at the collective: it waits least, and every other device waits
-    for it. In one step, the device that waits least is that step's straggler when every other
-    device waits at least ``wait_ratio`` times as long and it computes at least
-    ``compute_ratio`` times the median of the others' compute (it is late because it has more
-    to do). On XLA:CPU the wait is the rendezvous's (``waiting_s``); on a GPU it is inside the
-    NCCL kernel, so there the exposed collective time (``collective_s``) stands for it. A
-    device is returned only when it is the straggler of every step, so one step's hiccup (a
-    thread of a loaded host descheduled) is not taken for a slow device. The compute contrast
-    is kept mild on purpose: on a loaded host every device's compute time includes the time
-    its threads were descheduled, which blurs it; the wait is the sharp signal.
+    for it. Over the traced steps, the device that waits least is a straggler when every other
+    device waits at least ``wait_ratio`` times as long, its compute (busy time that is not a
+    collective) is at least ``compute_ratio`` times the median of the others' (it is late
+    because it had more to do, not because it skipped work), and it is the one that waits least
+    in every step, so that one step's hiccup (a thread of a loaded host descheduled) is not
+    taken for a slow device. On XLA:CPU the wait is the rendezvous's (``waiting_s``); on a GPU
+    it is inside the NCCL kernel, so there the exposed collective time (``collective_s``)
+    stands for it. The compute contrast is mild on purpose: on a loaded host every device's
+    compute time includes the time its threads were descheduled, which blurs it; the wait is
+    the sharp signal.
 
     Args:
         profile: a read trace with at least two devices.
@@ -516,20 +517,17 @@ def straggler(profile: Profile, *, wait_ratio: float = 3.0,
                          f"{wait_ratio} and {compute_ratio}.")
     if len(profile.devices) < 2:
         raise ValueError("A straggler needs at least two devices in the profile.")
-    found = {_step_straggler(step, wait_ratio, compute_ratio) for step in profile.steps()}
-    return found.pop() if len(found) == 1 else None
-
-
-def _step_straggler(step: Profile, wait_ratio: float, compute_ratio: float) -> str | None:
-    waited = (lambda d: d.waiting_s) if step.source == "xla-cpu" else (lambda d: d.collective_s)
-    last = min(step.devices, key=waited)
-    others = [d for d in step.devices if d is not last]
+    waited = (lambda d: d.waiting_s) if profile.source == "xla-cpu" else (lambda d: d.collective_s)
+    last = min(profile.devices, key=waited)
+    others = [d for d in profile.devices if d is not last]
     others_compute = sorted(d.compute_s for d in others)
     median = others_compute[len(others_compute) // 2]
-    if last.compute_s >= compute_ratio * median and all(
-            waited(d) >= wait_ratio * waited(last) for d in others):
-        return last.device
-    return None
+    if last.compute_s < compute_ratio * median or any(
+            waited(d) < wait_ratio * waited(last) for d in others):
+        return None
+    if any(min(step.devices, key=waited).device != last.device for step in profile.steps()):
+        return None
+    return last.device
 
 
 def overlapped_collectives(profile: Profile, *, min_overlap_us: float = 1.0) -> list[OpEvent]:
