@@ -39,7 +39,7 @@ def measured():
     y = jax.random.normal(jax.random.key(2), (B, S, D))
     stacks = {n: models.init_transformer_stack(jax.random.key(0), n_blocks=n, d_model=D,
                                                n_heads=NH, d_hidden=H) for n in LENGTHS}
-    footprints, grads = {}, {}
+    footprints, grads, dots = {}, {}, {}
     for recompute in models.RECOMPUTE:
         step = jax.jit(jax.grad(lambda p, a, b, r=recompute: models.transformer_stack_loss(
             p, a, b, recompute=r)))
@@ -48,7 +48,10 @@ def measured():
             footprints[recompute, n] = hlo.footprint(compiled)
             if n == LENGTHS[-1]:
                 grads[recompute] = jax.device_get(compiled(stacks[n], x, y))
-    return footprints, grads
+                dots[recompute] = sorted(ins.shape.split("{")[0]
+                                         for ins in hlo.hlo_instructions(compiled.as_text())
+                                         if ins.opcode == "dot")
+    return footprints, grads, dots
 
 
 def per_block_temp(footprints, recompute):
@@ -69,14 +72,14 @@ def block_matmul_flops():
 
 
 def test_gradients_identical_across_policies(measured):
-    _, grads = measured
+    _, grads, _ = measured
     for recompute in ("selective", "full"):
         check.verify_close(f"{recompute} recomputation: gradients equal no recomputation's",
                            grads[recompute], grads["none"], rtol=1e-5)
 
 
 def test_temporaries_ordered_none_selective_full(measured):
-    footprints, _ = measured
+    footprints, _, _ = measured
     temps = [footprints[r, LENGTHS[-1]].temp_bytes for r in ("none", "selective", "full")]
     check.verify("temporaries: none > selective > full", temps[0] > temps[1] > temps[2],
                  detail=str(temps))
@@ -84,7 +87,7 @@ def test_temporaries_ordered_none_selective_full(measured):
 
 @pytest.mark.parametrize("recompute", models.RECOMPUTE)
 def test_per_block_temporaries_equal_formula(measured, recompute):
-    footprints, _ = measured
+    footprints, _, _ = measured
     check.verify_close(f"{recompute}: activation bytes per block = the formula (JAX's count)",
                        per_block_temp(footprints, recompute), formula(recompute), rtol=1e-3)
 
@@ -96,7 +99,7 @@ def test_differences_of_absolute_temporaries(measured, lower, upper):
     # backward loop's working set, which differs between policies by less than one block's
     # activations: under "full" its body recomputes one block's values that the others read
     # from their saved stack (105 kB more than "none" here, 0.2 block).
-    footprints, _ = measured
+    footprints, _, _ = measured
     n = LENGTHS[-1]
     measured_diff = footprints[upper, n].temp_bytes - footprints[lower, n].temp_bytes
     formula_diff = n * (formula(upper) - formula(lower))
@@ -127,7 +130,7 @@ def test_minimal_count_becomes_korthikanti_with_their_assumptions():
 
 
 def test_flops_full_and_selective_against_formula(measured):
-    footprints, _ = measured
+    footprints, _, _ = measured
     n = LENGTHS[-1]
     # XLA counts a loop body once: these FLOPs are one block's forward and backward (+ loss)
     forward = block_matmul_flops()
@@ -143,7 +146,7 @@ def test_flops_full_and_selective_against_formula(measured):
 
 
 def test_negative_control_saving_everything_reported_as_full(measured):
-    footprints, _ = measured
+    footprints, _, _ = measured
     check.verify_catches("a save-everything policy reported as full recomputation",
                          lambda: check.verify_close(
                              "full: activation bytes per block = the formula (JAX's count)",
@@ -157,3 +160,24 @@ def test_selective_policy_rejects_unknown_level():
         memory.transformer_block_activation_bytes(S, B, D, NH, H, count="xla")
     with pytest.raises(TypeError, match="jax.jit"):
         hlo.compiled_footprint(lambda v: v, 1.0)
+
+
+def test_recomputed_matmuls_counted_in_the_compiled_program(measured):
+    # Exact where cost_analysis is not (it adds element-wise work, fused differently per
+    # program): the dot instructions each policy adds to no recomputation's program, in the
+    # scan's loop bodies (one block). Selective: Q K^T only, f32[B, NH, S, S]. Full: the
+    # block's forward matmuls but the MLP's last (7 of 8: Q, K, V, Q K^T, weights V, output
+    # projection, first MLP matmul).
+    _, _, dots = measured
+
+    def added(recompute):
+        extra = list(dots[recompute])
+        for shape in dots["none"]:
+            extra.remove(shape)   # raises if a policy dropped one of the baseline's matmuls
+        return extra
+
+    check.verify_equal("selective adds one matmul, Q K^T", added("selective"),
+                       [f"f32[{B},{NH},{S},{S}]"])
+    check.verify_equal("full adds 7 matmuls, the forward pass but the MLP's last",
+                       len(added("full")), 7)
+    assert f"f32[{B},{NH},{S},{S}]" in added("full")
