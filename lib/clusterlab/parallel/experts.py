@@ -6,10 +6,10 @@ al. 2021). This module holds one such layer three ways:
 
 * the router (:func:`route`): a softmax over the experts, the top ``k`` kept. Their weights are
   *renormalised* to sum to one when ``renormalize=True`` (Mixtral: a softmax over the top-k
-  logits, which is the same thing, Jiang et al. 2024, Eq. 1; DeepSeek-V3 normalises its selected
-  affinities the same way, DeepSeek-AI 2024, Eq. 13) and left as the softmax's probabilities
-  when ``False`` (Switch, top-1: the output is scaled by the gate value p_i(x), Fedus et al.
-  2021, Eq. 2; with k = 1 a renormalised weight would always be 1).
+  logits, which is the same thing, Jiang et al. 2024, Section 2.1; DeepSeek-V3 normalises its
+  selected affinities the same way, DeepSeek-AI 2024, Section 2.1.2) and left as the softmax's
+  probabilities when ``False`` (Switch, top-1: the output is scaled by the gate value p_i(x),
+  Fedus et al. 2021, Eq. 2; with k = 1 a renormalised weight would always be 1).
 * capacity and dropping: each expert takes at most ``C = ceil(capacity_factor * T * k / E)``
   assignments from a group of ``T`` tokens (:func:`expert_capacity`; Switch's "expert capacity"
   times k). Assignments are served first-come in token order (token 0's k choices in rank order,
