@@ -47,9 +47,12 @@ grade: system-deps $(READY)
 	$(BIN)/python -c 'import sys; from clusterlab import grading; sys.exit(grading.cli(sys.argv[1:]))' \
 		$(SUBMISSIONS) --key keys --csv $(GRADES)
 
-## test: the whole suite: library unit tests, the labs against their stored outputs, the book
+## test: the whole suite: library unit tests, the labs against their stored outputs, the book;
+## on TEST_WORKERS processes (pytest-xdist; a file's tests, and the book's, stay on one of them)
+TEST_WORKERS ?= 2
 test: system-deps $(READY)
-	$(BIN)/python -m pytest tests labs --nbval --nbval-current-env \
+	$(BIN)/python -m pytest tests labs -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder \
+		--nbval --nbval-current-env \
 		--nbval-sanitize-with tests/nbval_sanitize.cfg --nbval-cell-timeout=600
 
 ## system-deps: what the tests need from the system (tests/system_deps.sh): installed with apt-get

@@ -25,6 +25,25 @@ ROOT = Path(__file__).resolve().parents[1]
 DEVICES = devices.setup(8)
 
 
+def _worker_group(item: pytest.Item) -> str:
+    """The pytest-xdist group of a test (``make test`` runs ``--dist loadgroup``).
+
+    A group runs on one worker, in collection order. The tests that read the built book share one
+    group, so the book is built once; every other file keeps its tests together, so a notebook's
+    cells run in order in one kernel and a module's fixtures are set up once.
+    """
+    return "book" if "book" in getattr(item, "fixturenames", ()) else item.nodeid.split("::")[0]
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the marks
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        item.add_marker(pytest.mark.xdist_group(_worker_group(item)))
+    # The book's group first (a stable sort): its build, browser crawl and PDF are the longest job,
+    # and started last it would leave the other worker idle at the end.
+    items.sort(key=lambda item: _worker_group(item) != "book")
+
+
 def sub_mesh(n: int, axis_name: str = "x"):
     """A 1-D mesh over the first ``n`` of the shared devices."""
     return devices.mesh((n,), (axis_name,), DEVICES[:n])
