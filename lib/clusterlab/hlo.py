@@ -343,3 +343,110 @@ def footprint(compiled) -> CompiledFootprint:
                          "backend.")
     return CompiledFootprint(int(memory.temp_size_in_bytes), int(memory.argument_size_in_bytes),
                              int(memory.output_size_in_bytes), float(cost["flops"]))
+
+
+class PermuteSlot(NamedTuple):
+    """Where one collective-permute sits in a compiled schedule, beside the matmul it can hide.
+
+    The all-gather form of a collective matmul sends on the block it holds while it multiplies
+    it: the permute and that matmul read the same buffer. The reduce-scatter form sends a running
+    sum while it multiplies the next share, which is added to what arrives: the permute's result
+    and that matmul's meet in one add. Either matmul is independent of the transfer. Positions
+    count instructions of the entry computation in the order XLA scheduled them
+    (``compiled.as_text()`` prints a scheduled module in that order).
+
+    Attributes:
+        permute: the HLO name of the ``collective-permute`` (its ``-start`` when asynchronous).
+        sent: the HLO name of the buffer it sends.
+        matmul: the matmul (a ``dot`` or a fusion calling one) that reads the buffer sent or,
+            failing that, whose result is combined with the buffer received; ``""`` if none.
+        issued_at: the permute's (or its ``-start``'s) position.
+        matmul_at: the matmul's position (-1 when there is none).
+        done_at: the position of its ``-done`` when asynchronous; ``issued_at`` when not.
+        asynchronous: a ``-start``/``-done`` pair (XLA:GPU's default) rather than one
+            instruction that returns once the data has arrived.
+    """
+
+    permute: str
+    sent: str
+    matmul: str
+    issued_at: int
+    matmul_at: int
+    done_at: int
+    asynchronous: bool
+
+    @property
+    def issued_before_matmul(self) -> bool:
+        """The permute is issued before the matmul of the block it sends (the schedule allows it
+        to run while that matmul does)."""
+        return self.matmul_at >= 0 and self.issued_at < self.matmul_at
+
+    @property
+    def in_flight_during_matmul(self) -> bool:
+        """Issued before the matmul and completed after it: an asynchronous permute whose
+        transfer the schedule overlaps with the matmul."""
+        return self.asynchronous and self.issued_before_matmul and self.done_at > self.matmul_at
+
+
+_OPERANDS = re.compile(r"%([\w.\-]+)")
+_CALLS = re.compile(r"\bcalls=%?([\w.\-]+)")
+
+
+def permute_schedule(text: str) -> list[PermuteSlot]:
+    """Each collective-permute of a compiled program's entry, beside the matmul of its block.
+
+    Reads the scheduled entry computation of ``compiled.as_text()``: for every
+    ``collective-permute`` (or ``collective-permute-start``), the buffer it sends, the matmul
+    independent of it that it can overlap (see :class:`PermuteSlot`; a matmul is a ``dot`` or a
+    fusion whose computation holds one), and their positions in the schedule.
+
+    Args:
+        text: a compiled (scheduled) HLO module's text, e.g. from
+            :func:`clusterlab.hlo.compiled_text`.
+
+    Returns:
+        One :class:`PermuteSlot` per permute, in schedule order.
+
+    Raises:
+        ValueError: when the text has no ENTRY computation.
+    """
+    entry, computations = _computations(text)
+    holds_dot = {name for name, lines in computations.items()
+                 if any(ins.opcode == "dot" for line in lines for ins in hlo_instructions(line))}
+    rows = []  # (position, name, opcode, operands)
+    for line in computations[entry]:
+        parsed = hlo_instructions(line)
+        if not parsed:
+            continue
+        ins = parsed[0]
+        call = line.split(f" {ins.opcode}(", 1)
+        operands = _OPERANDS.findall(call[1].split(")", 1)[0]) if len(call) == 2 else []
+        callee = _CALLS.search(line)
+        is_matmul = ins.opcode == "dot" or bool(callee and callee.group(1) in holds_dot)
+        rows.append((len(rows), ins.name.lstrip("%"), ins.opcode, operands, is_matmul))
+    matmul_of = {}  # a buffer -> the first matmul that reads it
+    is_matmul_at = {name: position for position, name, _, _, is_matmul in rows if is_matmul}
+    for position, name, _, operands, is_matmul in rows:
+        for operand in operands if is_matmul else ():
+            matmul_of.setdefault(operand, (name, position))
+    joined_with = {}  # a buffer -> the matmul whose result its first consumer combines it with
+    for _, _, _, operands, _ in rows:
+        products = [o for o in operands if o in is_matmul_at]
+        for operand in operands:
+            others = [o for o in products if o != operand]
+            if others:
+                joined_with.setdefault(operand, (others[0], is_matmul_at[others[0]]))
+    done_of = {operands[0]: position for position, _, opcode, operands, _ in rows
+               if opcode == "collective-permute-done" and operands}
+    slots = []
+    for position, name, opcode, operands, _ in rows:
+        if opcode not in ("collective-permute", "collective-permute-start") or not operands:
+            continue
+        asynchronous = opcode.endswith("-start")
+        received = next((r[1] for r in rows if r[2] == "collective-permute-done"
+                         and r[3][:1] == [name]), name) if asynchronous else name
+        matmul, matmul_at = matmul_of.get(operands[0]) or joined_with.get(received, ("", -1))
+        slots.append(PermuteSlot(name, operands[0], matmul, position, matmul_at,
+                                 done_of.get(name, position) if asynchronous else position,
+                                 asynchronous))
+    return slots
