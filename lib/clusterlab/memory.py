@@ -193,7 +193,8 @@ def transformer_layer_activation_bytes(seq_len: int, micro_batch: int, hidden: i
 
 
 def kv_cache_bytes(n_layers: int, n_kv_heads: int, head_dim: int, seq_len: int, batch: int,
-                   bytes_per_value: float = 2) -> int:
+                   bytes_per_value: float = 2, *, latent_dim: int | None = None,
+                   rope_key_dim: int = 0) -> int:
     """Bytes of the key-value cache a decoder keeps while it generates.
 
     Every layer stores, for every token already seen and every key-value head, one key and one
@@ -201,7 +202,15 @@ def kv_cache_bytes(n_layers: int, n_kv_heads: int, head_dim: int, seq_len: int, 
     ``2 * n_layers * n_kv_heads * head_dim * seq_len * batch * bytes_per_value`` bytes. With
     grouped-query attention (GQA) several query heads share one key-value head, so
     ``n_kv_heads`` is smaller than the number of query heads, and the cache shrinks by that
-    factor.
+    factor. An FP8 cache (``bytes_per_value=1``) halves a BF16 one.
+
+    With multi-head latent attention (MLA, DeepSeek-V2 and V3) a layer caches, per token, one
+    compressed latent of ``latent_dim`` numbers (``d_c``) from which every head's key and value
+    are rebuilt, plus one decoupled RoPE key of ``rope_key_dim`` numbers (``d_h^R``) shared by
+    the heads: ``(latent_dim + rope_key_dim) * n_layers * seq_len * batch * bytes_per_value``
+    bytes, and ``n_kv_heads`` and ``head_dim`` drop out (they are still checked). DeepSeek-V3
+    (61 layers, ``d_c = 512``, ``d_h^R = 64``) caches 576 numbers per token per layer where
+    multi-head attention with its 128 heads of 128 would cache 32,768.
 
     Args:
         n_layers: transformer layers (integer >= 1).
@@ -211,6 +220,10 @@ def kv_cache_bytes(n_layers: int, n_kv_heads: int, head_dim: int, seq_len: int, 
         seq_len: tokens cached per sequence, prompt plus generated so far (integer >= 0).
         batch: sequences cached (integer >= 0).
         bytes_per_value: bytes per cached number (2 for BF16/FP16, 1 for FP8).
+        latent_dim: ``None`` (default) for multi-head, grouped-query or multi-query attention;
+            the MLA latent width ``d_c`` (integer >= 1) to count an MLA cache.
+        rope_key_dim: the MLA decoupled RoPE key width ``d_h^R`` (integer >= 0); only with
+            ``latent_dim``.
 
     Returns:
         Bytes, rounded up to a whole byte. A Llama-3-70B-like model (80 layers, 8 KV heads,
@@ -218,14 +231,17 @@ def kv_cache_bytes(n_layers: int, n_kv_heads: int, head_dim: int, seq_len: int, 
         sequence.
 
     Raises:
-        ValueError: if a size is not a whole number in range or ``bytes_per_value`` is not
-            positive.
+        ValueError: if a size is not a whole number in range, ``bytes_per_value`` is not
+            positive, or ``rope_key_dim`` is given without ``latent_dim``.
 
     References:
         Pope et al., "Efficiently Scaling Transformer Inference", MLSys 2023, Section 2.
         https://arxiv.org/abs/2211.05102
         Ainslie et al., "GQA: Training Generalized Multi-Query Transformer Models from
         Multi-Head Checkpoints", EMNLP 2023. https://arxiv.org/abs/2305.13245
+        DeepSeek-AI, "DeepSeek-V2: A Strong, Economical, and Efficient Mixture-of-Experts
+        Language Model", 2024, Section 2.1 and Table 1 (MLA caches ``(d_c + d_h^R) l``
+        elements per token). https://arxiv.org/abs/2405.04434
     """
     layers = _checks.count("n_layers", n_layers)
     heads = _checks.count("n_kv_heads", n_kv_heads)
@@ -233,7 +249,15 @@ def kv_cache_bytes(n_layers: int, n_kv_heads: int, head_dim: int, seq_len: int, 
     tokens = _checks.count("seq_len", seq_len, minimum=0)
     sequences = _checks.count("batch", batch, minimum=0)
     per_value = _check_positive("bytes_per_value", bytes_per_value)
-    return math.ceil(2 * layers * heads * dim * tokens * sequences * per_value)
+    if latent_dim is None:
+        if rope_key_dim != 0:
+            raise ValueError(f"rope_key_dim={rope_key_dim!r} counts only in an MLA cache: pass "
+                             "latent_dim too (DeepSeek-V3: latent_dim=512, rope_key_dim=64)")
+        per_token_layer = 2 * heads * dim          # a key and a value per KV head
+    else:
+        per_token_layer = (_checks.count("latent_dim", latent_dim)
+                           + _checks.count("rope_key_dim", rope_key_dim, minimum=0))
+    return math.ceil(per_token_layer * layers * tokens * sequences * per_value)
 
 
 #: How :func:`transformer_block_activation_bytes` counts: ``"minimal"``, the tensors the
