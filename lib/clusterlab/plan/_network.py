@@ -6,17 +6,26 @@ from __future__ import annotations
 from dataclasses import replace
 
 from clusterlab import costmodel, hardware
+from clusterlab.costmodel.cluster import ClusterOp
 from clusterlab.hardware import ClusterSpec
 
 
 def all_reduce(nbytes: float, group: ClusterSpec) -> costmodel.CollectiveEstimate:
-    """NCCL's all-reduce of ``nbytes`` per GPU over every GPU of ``group``.
+    """NCCL's all-reduce of ``nbytes`` per GPU over every GPU of ``group`` (see
+    :func:`collective`)."""
+    return collective("all_reduce", nbytes, group)
+
+
+def collective(op: ClusterOp, nbytes: float,
+               group: ClusterSpec) -> costmodel.CollectiveEstimate:
+    """NCCL's ``op`` of an ``nbytes`` buffer (nccl-tests' ``size``: for an all-gather the
+    gathered output, for a reduce-scatter its input) over every GPU of ``group``.
 
     The estimate is marked unvalidated where no published row can back it whatever its regime:
     a network without a named NIC (its fabric is unknown) or an accelerator outside the catalog
     (a TPU in the planner's validation tests is priced as if NCCL ran on it).
     """
-    estimate = costmodel.cluster_collective("all_reduce", nbytes, group)
+    estimate = costmodel.cluster_collective(op, nbytes, group)
     if (group.n_nodes > 1 and group.nic is None) or not _nccl_knows(group.gpu):
         estimate = replace(estimate, validated=False)
     return estimate

@@ -10,6 +10,13 @@ References:
     [megatron_core_distrib_optimizer] Megatron Core User Guide, "Distributed Optimizer" (bytes
     per parameter of the model states, sharded over the data-parallel ranks).
     https://docs.nvidia.com/megatron-core/developer-guide/latest/distrib_optimizer.html
+    [dubey2024] Dubey et al., "The Llama 3 Herd of Models", 2024, section 3.3.2 (context
+    parallelism: the all-gather of K and V over the cp group, zig-zag chunks, the order
+    [TP, CP, PP, DP]). https://arxiv.org/abs/2407.21783
+    Megatron Core User Guide, "context_parallel package" (each cp rank holds 1/cp of the
+    sequence and all of its tp/pp shard's parameters; gradients are reduced over the
+    data-parallel and context-parallel ranks together, and the distributed optimizer shards
+    over them). https://docs.nvidia.com/megatron-core/developer-guide/latest/api-guide/context_parallel.html
 """
 
 from __future__ import annotations
@@ -19,7 +26,7 @@ from dataclasses import dataclass, field
 
 from clusterlab import costmodel, flops, gemm, memory, storage
 from clusterlab.hardware import ClusterSpec
-from clusterlab.plan._network import all_reduce, group_of
+from clusterlab.plan._network import all_reduce, collective, group_of
 from clusterlab.plan.step import hidden_all_reduce_s
 from clusterlab.plan.workload import Assumptions, Layout, Workload
 from clusterlab.plan.workload import cluster as plan_cluster
@@ -32,9 +39,10 @@ BYTES_PER_VALUE = 2  # BF16: parameters, gradients and activations as they trave
 class Plan:
     """A layout's prediction: memory, the step and its parts, MFU, time to train.
 
-    The step is ``compute + tensor-parallel all-reduce + pipeline sends + pipeline bubble + exposed
-    data-parallel all-reduce + optimizer step + data wait``; storage prefetches, so it only adds
-    the part of its load time that exceeds the rest of the step.
+    The step is ``compute + tensor-parallel all-reduce + context-parallel K/V collectives +
+    pipeline sends + pipeline bubble + exposed data-parallel all-reduce + optimizer step + data
+    wait``; storage prefetches, so it only adds the part of its load time that exceeds the rest
+    of the step.
     """
 
     workload: Workload
@@ -56,17 +64,23 @@ class Plan:
     optimizer_s: float           # the Adam step over HBM (_optimizer_s), after the all-reduce
     model_flops_per_step: float  # tokens_per_step * flops_per_token (no recomputation)
     hardware_flops_per_step: float  # tokens_per_step * hardware_flops_per_token (recomputed too)
+    #: context parallelism's all-gathers of K and V and reduce-scatters of their gradients,
+    #: not hidden (_context_parallel); 0 without cp
+    cp_comm_s: float = 0.0
     #: cluster_collective's estimates of one data-parallel all-reduce (the gradients, before
     #: ZeRO-3's factor, contention and overlap) and of one tensor-parallel all-reduce; None
     #: where there is none. Their ``validated`` flags say whether published rows back them.
     dp_estimate: costmodel.CollectiveEstimate | None = field(default=None, compare=False)
     tp_estimate: costmodel.CollectiveEstimate | None = field(default=None, compare=False)
+    #: one context-parallel K/V all-gather's estimate (None without cp)
+    cp_estimate: costmodel.CollectiveEstimate | None = field(default=None, compare=False)
 
     @property
     def validated(self) -> bool:
         """Whether every all-reduce the plan prices lies in a regime with published rows
         (``costmodel.validation_by_regime``); False: some of its network time is unvalidated."""
-        return all(e.validated for e in (self.dp_estimate, self.tp_estimate) if e is not None)
+        return all(e.validated for e in (self.dp_estimate, self.tp_estimate, self.cp_estimate)
+                   if e is not None)
 
     @property
     def network_model(self) -> str:
@@ -75,8 +89,8 @@ class Plan:
 
     @property
     def step_s(self) -> float:
-        return (self.compute_s + self.tp_comm_s + self.pp_comm_s + self.bubble_s
-                + self.dp_comm_s + self.optimizer_s + self.data_wait_s)
+        return (self.compute_s + self.tp_comm_s + self.cp_comm_s + self.pp_comm_s
+                + self.bubble_s + self.dp_comm_s + self.optimizer_s + self.data_wait_s)
 
     @property
     def fits(self) -> bool:
@@ -115,11 +129,14 @@ class Plan:
         return self.time_to_train_s <= self.workload.time_budget_s
 
     def breakdown(self) -> dict[str, float]:
-        """Seconds per step by what the GPUs are doing or waiting for."""
-        return {"compute": self.compute_s, "tensor-parallel all-reduce": self.tp_comm_s,
-                "pipeline send/receive": self.pp_comm_s, "pipeline bubble": self.bubble_s,
-                "data-parallel all-reduce": self.dp_comm_s, "optimizer step": self.optimizer_s,
-                "storage": self.data_wait_s}
+        """Seconds per step by what the GPUs are doing or waiting for (the context-parallel
+        K/V collectives only for a layout with cp > 1)."""
+        parts = {"compute": self.compute_s, "tensor-parallel all-reduce": self.tp_comm_s}
+        if self.layout.cp > 1:
+            parts["context-parallel K/V all-gather"] = self.cp_comm_s
+        return parts | {"pipeline send/receive": self.pp_comm_s, "pipeline bubble": self.bubble_s,
+                        "data-parallel all-reduce": self.dp_comm_s,
+                        "optimizer step": self.optimizer_s, "storage": self.data_wait_s}
 
     @property
     def bottleneck(self) -> str:
@@ -132,7 +149,10 @@ class Plan:
         largest = max(parts, key=parts.get)
         dp_nodes = _dp_placement(self.layout, self.hardware)[1]
         stages_apart = _stages_cross_nodes(self.layout, self.hardware)
+        cp_nodes = _cp_placement(self.layout, self.hardware)[1]
         return {"compute": "compute", "tensor-parallel all-reduce": "node interconnect",
+                "context-parallel K/V all-gather": ("fabric" if cp_nodes > 1
+                                                    else "node interconnect"),
                 "pipeline send/receive": "fabric" if stages_apart else "node interconnect",
                 "pipeline bubble": "pipeline bubble",
                 "data-parallel all-reduce": "fabric" if dp_nodes > 1 else "node interconnect",
@@ -175,25 +195,46 @@ def dp_all_reduce_s(nbytes: float, local: int, nodes: int, cluster: ClusterSpec)
     return 0.0 if estimate is None else estimate.time_s
 
 
+def _cp_placement(layout: Layout, cluster: ClusterSpec) -> tuple[int, int]:
+    """(GPUs of one context-parallel group inside a node, nodes the group spans): the cp group
+    sits right outside tp (Layout's placement), so it fills the node's ``gpus_per_node / tp``
+    slots before it crosses to the next node."""
+    slots = max(1, cluster.gpus_per_node // layout.tp)
+    local = math.gcd(layout.cp, slots)
+    return local, layout.cp // local
+
+
 def _dp_placement(layout: Layout, cluster: ClusterSpec) -> tuple[int, int]:
-    """(replicas of one data-parallel group inside a node, nodes the group spans)."""
-    local = math.gcd(layout.dp, max(1, cluster.gpus_per_node // layout.tp))
-    return local, layout.dp // local
+    """(GPUs of one gradient-reduction group inside a node, nodes the group spans).
+
+    The gradients are reduced over the ``dp * cp`` GPUs that hold the same parameters (every
+    cp GPU holds its tp/pp shard's whole parameters, as in Megatron-LM); with cp = 1 this is the
+    data-parallel group. Inside a node tp comes first, then cp, then dp (Layout's placement).
+    """
+    slots = max(1, cluster.gpus_per_node // layout.tp)
+    cp_local = math.gcd(layout.cp, slots)
+    local = cp_local * math.gcd(layout.dp, max(1, slots // cp_local))
+    return local, layout.dp * layout.cp // local
 
 
 def _stages_cross_nodes(layout: Layout, cluster: ClusterSpec) -> bool:
     """Whether neighbouring pipeline stages sit on different nodes (stages are outermost)."""
-    return layout.pp > 1 and layout.tp * layout.dp >= cluster.gpus_per_node
+    return layout.pp > 1 and layout.tp * layout.cp * layout.dp >= cluster.gpus_per_node
 
 
-def broken_rule(workload: Workload, layout: Layout, *, schedule_rules: bool = True) -> str | None:
+def broken_rule(workload: Workload, layout: Layout, *, schedule_rules: bool = True,
+                gpus_per_node: int | None = None) -> str | None:
     """The divisibility rule a layout breaks for a workload, named, or None: the one check
     behind :func:`predict` (which raises it) and the search (which counts refusals by it).
 
     Rules: the global batch divides over ``dp``; the micro-batch divides each replica's
-    sequences; and with ``schedule_rules`` Megatron-LM's for its schedule: interleaving (v > 1)
-    needs pp > 1, layers divisible by ``pp * v`` and micro-batches a multiple of pp; ZeRO > 0
-    needs dp > 1. :func:`predict` leaves the schedule rules out: it prices a stage of
+    sequences; with context parallelism (cp > 1) the sequence divides into ``2 cp`` zig-zag
+    chunks, and, given ``gpus_per_node``, ``tp * cp`` GPUs either divide a node or are whole
+    nodes (so that every cp group has the same placement); and with ``schedule_rules``
+    Megatron-LM's for its schedule: interleaving (v > 1) needs pp > 1, layers divisible by
+    ``pp * v`` and micro-batches a multiple of pp; ZeRO > 0 needs more than one GPU to shard
+    over (``dp * cp > 1``: Megatron's distributed optimizer shards over the data- and
+    context-parallel ranks together). :func:`predict` leaves the schedule rules out: it prices a stage of
     ``L / pp`` layers as an average, so a layout Megatron would refuse (Llama 3's 126 layers in
     16 x 4 chunks) can still be estimated.
 
@@ -206,6 +247,12 @@ def broken_rule(workload: Workload, layout: Layout, *, schedule_rules: bool = Tr
     per_replica = workload.global_batch // layout.dp
     if per_replica % layout.micro_batch:
         return "micro-batch does not divide the replica's sequences"
+    if layout.cp > 1 and workload.seq_len % (2 * layout.cp):
+        return "sequence not divisible into 2 * cp zig-zag chunks"
+    if layout.cp > 1 and gpus_per_node is not None:
+        group = layout.tp * layout.cp
+        if gpus_per_node % group and group % gpus_per_node:
+            return "tp * cp neither divides a node nor is whole nodes"
     if not schedule_rules:
         return None
     if layout.virtual_stages > 1:
@@ -215,7 +262,7 @@ def broken_rule(workload: Workload, layout: Layout, *, schedule_rules: bool = Tr
             return "layers not divisible by pp * v"
         if (per_replica // layout.micro_batch) % layout.pp:
             return "interleaving needs micro-batches a multiple of pp"
-    if layout.zero_stage > 0 and layout.dp == 1:
+    if layout.zero_stage > 0 and layout.dp * layout.cp == 1:
         return "ZeRO needs dp > 1"
     return None
 
@@ -223,10 +270,12 @@ def broken_rule(workload: Workload, layout: Layout, *, schedule_rules: bool = Tr
 def _check_layout(workload: Workload, cluster: ClusterSpec, layout: Layout) -> int:
     """Validate a layout for a workload on a cluster; return micro-batches per replica."""
     if layout.n_gpus != cluster.n_gpus:
+        product, with_cp = ("dp*tp*pp*cp", f", cp={layout.cp}") if layout.cp > 1 else ("dp*tp*pp", "")
         raise ValueError(
-            f"Layout {layout} uses dp*tp*pp = {layout.n_gpus} GPUs but the cluster has "
+            f"Layout {layout} uses {product} = {layout.n_gpus} GPUs but the cluster has "
             f"{cluster.n_gpus}; the product must equal the GPU count (e.g. dp = "
-            f"{cluster.n_gpus / (layout.tp * layout.pp):g} for tp={layout.tp}, pp={layout.pp}).")
+            f"{cluster.n_gpus / (layout.tp * layout.pp * layout.cp):g} for tp={layout.tp}, "
+            f"pp={layout.pp}{with_cp}).")
     if layout.tp > cluster.gpus_per_node or cluster.gpus_per_node % layout.tp:
         raise ValueError(f"tp={layout.tp} must divide the {cluster.gpus_per_node} GPUs of a "
                          f"node: tensor parallelism stays on the node interconnect.")
@@ -234,12 +283,16 @@ def _check_layout(workload: Workload, cluster: ClusterSpec, layout: Layout) -> i
     if layout.pp * layout.virtual_stages > n_layers:
         raise ValueError(f"pp * virtual_stages = {layout.pp * layout.virtual_stages} exceeds the "
                          f"{n_layers} layers; each stage needs at least one layer.")
-    rule = broken_rule(workload, layout, schedule_rules=False)
+    rule = broken_rule(workload, layout, schedule_rules=False,
+                       gpus_per_node=cluster.gpus_per_node)
     if rule is not None:
         raise ValueError(f"Layout {layout} breaks a rule: {rule} (global batch "
                          f"{workload.global_batch} sequences, dp={layout.dp}, micro-batch "
-                         f"{layout.micro_batch}); choose dp dividing the batch and a micro-batch "
-                         f"dividing each replica's share.")
+                         f"{layout.micro_batch}, sequence {workload.seq_len} tokens, "
+                         f"tp={layout.tp}, cp={layout.cp}, {cluster.gpus_per_node} GPUs per "
+                         f"node); choose dp dividing the batch, a micro-batch dividing each "
+                         f"replica's share, a cp with 2 * cp dividing the sequence and "
+                         f"tp * cp dividing a node or a multiple of it.")
     per_replica = workload.global_batch // layout.dp
     if cluster.storage_read_bytes_per_s is None:
         raise ValueError("The planner needs the cluster's storage: give the ClusterSpec a "
@@ -261,17 +314,23 @@ def _memory(workload: Workload, layout: Layout, assumptions: Assumptions,
     times the micro-batches the schedule keeps in flight on the first stage
     (:func:`clusterlab.costmodel.pipeline_activation_microbatches`: ``min(p, m)`` for 1F1B,
     ``p + (p-1)/v`` interleaved).
+
+    Context parallelism: a GPU keeps the activations of its ``s / cp`` tokens, ``1/cp`` of a
+    layer's (the scores of "none", ``s/cp`` queries by ``s`` keys, too); the gathered K and V
+    are not kept (the backward gathers them again, :func:`_context_parallel`). The model
+    states are replicated over cp and ZeRO shards them over the ``dp * cp`` GPUs that hold the
+    same parameters.
     """
     n_layers, d_model = workload.shape
     states_bytes = memory.training_memory_per_device(
-        workload.n_params / (layout.tp * layout.pp), layout.dp, layout.zero_stage,
+        workload.n_params / (layout.tp * layout.pp), layout.dp * layout.cp, layout.zero_stage,
         fp32_grad_accumulation=assumptions.fp32_grad_accumulation)
     policy = workload.recompute_policy
     layer_bytes = memory.transformer_layer_activation_bytes(
         workload.seq_len, layout.micro_batch, d_model, workload.heads,
         tensor_parallel=layout.tp,
         sequence_parallel=layout.sequence_parallel and layout.tp > 1,
-        recompute="selective" if policy == "flash" else policy)
+        recompute="selective" if policy == "flash" else policy) / layout.cp
     if layout.virtual_stages > 1:
         in_flight = costmodel.pipeline_activation_microbatches(
             layout.pp, microbatches, "interleaved", virtual_stages=layout.virtual_stages)
@@ -296,6 +355,13 @@ def _compute_s(workload: Workload, cluster: ClusterSpec, layout: Layout,
     :func:`clusterlab.gemm.output_layer_time_s`. With a ``compute_efficiency`` (a
     calibration), ``Workload.hardware_flops_per_token`` of every token, and the output layer's
     ``6 d V / tp`` per token of the replica, at that fraction of the cluster's peak.
+
+    Context parallelism divides both by ``cp``: each GPU runs the layers on ``s / cp`` tokens,
+    and the zig-zag placement (chunks ``i`` and ``2 cp - 1 - i``) gives every GPU the same
+    ``1/cp`` of the causal attention blocks (:func:`clusterlab.parallel.context.
+    causal_blocks_per_device`: ``2 cp + 1`` blocks each). The GEMMs keep the efficiency of the
+    whole sequence's shapes (a modelled simplification: at ``s / cp`` of tens of thousands of
+    tokens the rows stay far beyond a wave of tiles).
     """
     n_layers, d_model = workload.shape
     vocab = workload.vocab_size
@@ -303,16 +369,17 @@ def _compute_s(workload: Workload, cluster: ClusterSpec, layout: Layout,
         rate = cluster.gpu.bf16_flops * assumptions.compute_efficiency
         hardware_flops = workload.tokens_per_step * workload.hardware_flops_per_token
         output_s = (0.0 if vocab is None else
-                    6.0 * workload.tokens_per_step / layout.dp * d_model * vocab / layout.tp / rate)
+                    6.0 * workload.tokens_per_step / (layout.dp * layout.cp) * d_model * vocab
+                    / layout.tp / rate)
         return hardware_flops / (cluster.n_gpus * rate) + output_s, output_s
     layer_s = gemm.transformer_layer_time_s(
         cluster.gpu, workload.seq_len, layout.micro_batch, d_model, workload.heads,
         ffn_hidden=workload.mlp_width, tensor_parallel=layout.tp,
         sequence_parallel=layout.sequence_parallel and layout.tp > 1,
-        recompute=workload.recompute_policy)
+        recompute=workload.recompute_policy) / layout.cp
     output_s = 0.0 if vocab is None else microbatches * gemm.output_layer_time_s(
         cluster.gpu, workload.seq_len, layout.micro_batch, d_model, vocab,
-        tensor_parallel=layout.tp)
+        tensor_parallel=layout.tp) / layout.cp
     return layer_s * n_layers / layout.pp * microbatches + output_s, output_s
 
 
@@ -335,11 +402,11 @@ def _optimizer_s(workload: Workload, cluster: ClusterSpec, layout: Layout,
                  assumptions: Assumptions) -> float:
     """Seconds of the optimizer step: :func:`optimizer_step_bytes_per_param` of the parameters
     a GPU updates over the datasheet's HBM bandwidth. A GPU holds ``N / (tp pp)`` of them; with
-    ZeRO 1-3 (Megatron's distributed optimizer) it updates only its ``1/dp`` shard. It runs
+    ZeRO 1-3 (Megatron's distributed optimizer) it updates only its ``1/(dp cp)`` shard. It runs
     after the gradients are reduced, so nothing hides it."""
     params = workload.n_params / (layout.tp * layout.pp)
     if layout.zero_stage > 0:
-        params /= layout.dp
+        params /= layout.dp * layout.cp
     nbytes = params * optimizer_step_bytes_per_param(assumptions.fp32_grad_accumulation)
     return nbytes / cluster.gpu.hbm_bytes_per_s
 
@@ -351,13 +418,15 @@ def _tensor_parallel(workload: Workload, cluster: ClusterSpec, layout: Layout,
     ``m (L/pp) k`` all-reduces of one micro-batch's activations over the ``tp`` GPUs of a node
     (``k`` Megatron's all-reduces per layer and micro-batch,
     :func:`clusterlab.costmodel.megatron_all_reduces_per_layer`: 4 in training, 6 with full
-    recomputation), none hidden.
+    recomputation), none hidden. With context parallelism a GPU's activations are its
+    ``s / cp`` tokens'.
     """
     if layout.tp == 1:
         return 0.0, None
     n_layers, d_model = workload.shape
-    # act: bf16[micro_batch, seq_len, d_model], one all-reduce of a layer
-    act_bytes = layout.micro_batch * workload.seq_len * d_model * BYTES_PER_VALUE
+    # act: bf16[micro_batch, seq_len / cp, d_model], one all-reduce of a layer
+    act_bytes = (layout.micro_batch * workload.seq_len * d_model * BYTES_PER_VALUE
+                 / layout.cp)
     per_layer = costmodel.megatron_all_reduces_per_layer(backward=True,
                                                          recompute=workload.recompute_policy
                                                          == "full")
@@ -371,13 +440,14 @@ def _pipeline_sends_s(workload: Workload, cluster: ClusterSpec, layout: Layout,
 
     Each micro-batch's activations bf16[b, s, d] go to the next stage and their gradients come
     back; with tensor parallelism each of the tp GPUs sends 1/tp of them (Megatron's
-    scatter/gather), over the network when neighbouring stages are on different nodes.
+    scatter/gather), with context parallelism each GPU its s/cp tokens' of them, over the
+    network when neighbouring stages are on different nodes.
     Interleaving sends v times as often.
     """
     if layout.pp == 1:
         return 0.0
     send_bytes = (layout.micro_batch * workload.seq_len * workload.shape[1] * BYTES_PER_VALUE
-                  / layout.tp)
+                  / (layout.tp * layout.cp))
     link_bytes_per_s = (cluster.network_bytes_per_gpu if _stages_cross_nodes(layout, cluster)
                         else cluster.node_link_bytes_per_s)
     return 2 * microbatches * layout.virtual_stages * send_bytes / link_bytes_per_s
@@ -398,13 +468,14 @@ def _data_parallel(workload: Workload, cluster: ClusterSpec, layout: Layout,
                    compute_s: float) -> tuple[float, costmodel.CollectiveEstimate | None]:
     """Exposed seconds of the data-parallel all-reduce and its estimate.
 
-    :func:`dp_all_reduce` of the GPU's gradients (BF16, FP32 with ``fp32_grad_accumulation``),
+    :func:`dp_all_reduce` of the GPU's gradients (BF16, FP32 with ``fp32_grad_accumulation``)
+    over the ``dp * cp`` GPUs that hold the same parameters (:func:`_dp_placement`),
     x ``dp_contention_factor`` when the group spans nodes, x 1.5 for ZeRO-3 (its extra
     parameter all-gather), of which ``min(dp_overlap t, t_bwd)`` is hidden
     (:func:`hidden_all_reduce_s`; ``t_bwd``: the compute less its forward pass, a third of the
     model's FLOPs: 2/3 of it without recomputation, 3/4 with full recomputation).
     """
-    if layout.dp == 1:
+    if layout.dp * layout.cp == 1:
         return 0.0, None
     grad_value_bytes = (memory.FP32_GRAD_BYTES if assumptions.fp32_grad_accumulation
                         else BYTES_PER_VALUE)
@@ -418,6 +489,54 @@ def _data_parallel(workload: Workload, cluster: ClusterSpec, layout: Layout,
     backward_s = compute_s * (1 - workload.flops_per_token / 3
                               / workload.hardware_flops_per_token)
     return dp_s - hidden_all_reduce_s(dp_s, assumptions.dp_overlap, backward_s), estimate
+
+
+def kv_all_gather_bytes(workload: Workload, layout: Layout) -> float:
+    """Bytes one GPU contributes to a layer's K/V all-gather over its cp group: K and V (2) of
+    its ``kv_heads / tp`` key/value heads of ``head_dim`` values for its ``s / cp`` tokens of
+    each of the micro-batch's sequences, in BF16::
+
+        2 * (kv_heads / tp) * head_dim * (s / cp) * micro_batch * 2 bytes
+
+    (Dubey et al. 2024, section 3.3.2: Llama 3 all-gathers K and V rather than passing them
+    round a ring, cheap because grouped-query attention's K and V are small.)
+    """
+    return (2 * (workload.kv_heads / layout.tp) * workload.head_dim
+            * (workload.seq_len / layout.cp) * layout.micro_batch * BYTES_PER_VALUE)
+
+
+def cp_collectives_per_layer(recompute: str) -> tuple[int, int]:
+    """(all-gathers, reduce-scatters) of K and V per layer and micro-batch under context
+    parallelism: the forward's all-gather; in the backward one more all-gather (the gathered K
+    and V are not kept, so activation memory stays ``1/cp``: the planner's assumption) and the
+    reduce-scatter of their gradients; full recomputation runs the forward's all-gather once
+    more."""
+    return (3 if recompute == "full" else 2), 1
+
+
+def _context_parallel(workload: Workload, cluster: ClusterSpec, layout: Layout,
+                      microbatches: int) -> tuple[float, costmodel.CollectiveEstimate | None]:
+    """Seconds of context parallelism's K/V collectives and one all-gather's estimate.
+
+    Per layer of the stage and micro-batch, :func:`cp_collectives_per_layer` all-gathers and
+    reduce-scatters of :func:`kv_all_gather_bytes` per GPU (the collective's buffer, as
+    nccl-tests counts it, is ``cp`` times that: the gathered K and V), each priced by
+    :func:`clusterlab.costmodel.cluster_collective` on the GPUs the cp group spans
+    (:func:`_cp_placement`: inside a node when ``tp * cp`` fits in one, else across nodes
+    with its share of their NICs). None is hidden: the planner's only overlap assumption,
+    ``Assumptions.dp_overlap``, covers the data-parallel all-reduce, not these.
+    """
+    if layout.cp == 1:
+        return 0.0, None
+    n_layers, _ = workload.shape
+    buffer_bytes = kv_all_gather_bytes(workload, layout) * layout.cp
+    local, nodes = _cp_placement(layout, cluster)
+    group = group_of(cluster, local, nodes)
+    gather = collective("all_gather", buffer_bytes, group)
+    scatter = collective("reduce_scatter", buffer_bytes, group)
+    n_gather, n_scatter = cp_collectives_per_layer(workload.recompute_policy)
+    per_layer_s = n_gather * gather.time_s + n_scatter * scatter.time_s
+    return microbatches * (n_layers / layout.pp) * per_layer_s, gather
 
 
 def _storage(workload: Workload, cluster: ClusterSpec, rest_s: float) -> tuple[float, float]:
@@ -470,23 +589,25 @@ def predict(workload: Workload, cluster: ClusterSpec, layout: Layout,
     states_bytes, activation_bytes = _memory(workload, layout, assumptions, m)
     compute_s, output_s = _compute_s(workload, cluster, layout, assumptions, m)
     tp_s, tp_estimate = _tensor_parallel(workload, cluster, layout, m)
+    cp_s, cp_estimate = _context_parallel(workload, cluster, layout, m)
     pp_s = _pipeline_sends_s(workload, cluster, layout, m)
-    bubble_s = _bubble_s(compute_s - output_s + tp_s, layout, m)
+    bubble_s = _bubble_s(compute_s - output_s + tp_s + cp_s, layout, m)
     dp_s, dp_estimate = _data_parallel(workload, cluster, layout, assumptions, compute_s)
     optimizer_s = _optimizer_s(workload, cluster, layout, assumptions)
     wait_s, load_s = _storage(workload, cluster,
-                              compute_s + tp_s + pp_s + bubble_s + dp_s + optimizer_s)
+                              compute_s + tp_s + cp_s + pp_s + bubble_s + dp_s + optimizer_s)
     limit_bytes = cluster.gpu.memory_bytes * (1 - assumptions.activation_reserve)
     return Plan(workload, cluster, layout, assumptions,
                 memory_bytes=states_bytes + activation_bytes, memory_limit_bytes=limit_bytes,
                 states_bytes=states_bytes, activation_bytes=activation_bytes,
-                compute_s=compute_s, tp_comm_s=tp_s, pp_comm_s=pp_s, bubble_s=bubble_s,
+                compute_s=compute_s, tp_comm_s=tp_s, cp_comm_s=cp_s, pp_comm_s=pp_s,
+                bubble_s=bubble_s,
                 dp_comm_s=dp_s, data_wait_s=wait_s, load_s=load_s, output_layer_s=output_s,
                 optimizer_s=optimizer_s,
                 model_flops_per_step=workload.tokens_per_step * workload.flops_per_token,
                 hardware_flops_per_step=(workload.tokens_per_step
                                          * workload.hardware_flops_per_token),
-                dp_estimate=dp_estimate, tp_estimate=tp_estimate)
+                dp_estimate=dp_estimate, tp_estimate=tp_estimate, cp_estimate=cp_estimate)
 
 
 def predict_published(run: training_runs.MfuRun, *, zero_stage: int = 1,

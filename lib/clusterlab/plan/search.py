@@ -3,8 +3,10 @@
 smallest cluster that meets a deadline (:func:`gpus_needed`); and tables of plans for a reader.
 
 The space covers tp (dividing a node), pp, dp (dividing the batch), the micro-batch size, the
-interleaved schedule's virtual stages, the recomputation policy and the ZeRO stage. Context and
-expert parallelism are not layout dimensions of the planner yet, so the search leaves them out.
+interleaved schedule's virtual stages, the recomputation policy, the ZeRO stage and context
+parallelism's cp (``SearchSpace.cp``, default ``(1,)``: none, so the default search and its
+time are those measured below). Expert parallelism is not a layout dimension: the planner has
+no mixture-of-experts workload.
 
 Benchmark (2 December 2026, the course's 2-core build machine, shared with other helpers and a
 background test run, load average 1.2): a 70B model (``Workload(70e9, 4096, 1024,
@@ -36,16 +38,19 @@ class SearchSpace:
 
     Rules (Megatron-LM's, :func:`clusterlab.plan.prediction.broken_rule`): a micro-batch size
     divides each replica's sequences; virtual stages > 1 need pp > 1, layers divisible by
-    pp * v and micro-batches a multiple of pp; ZeRO > 0 needs dp > 1.
+    pp * v and micro-batches a multiple of pp; ZeRO > 0 needs dp * cp > 1; cp > 1 needs the
+    sequence divisible by 2 * cp and tp * cp dividing a node or a multiple of it.
     """
 
     micro_batches: tuple[int, ...] = (1, 2, 4, 8)
     virtual_stages: tuple[int, ...] = (1, 2, 4)
     recompute: tuple[str, ...] = RECOMPUTE_POLICIES
     zero_stages: tuple[int, ...] = memory.ZERO_STAGES
+    #: context-parallel degrees; (1,): none (long sequences: e.g. (1, 2, 4, 8, 16))
+    cp: tuple[int, ...] = (1,)
 
     def __post_init__(self) -> None:
-        for name in ("micro_batches", "virtual_stages"):
+        for name in ("micro_batches", "virtual_stages", "cp"):
             values = getattr(self, name)
             if not values or any(not isinstance(v, int) or v < 1 for v in values):
                 raise ValueError(f"SearchSpace.{name} must be positive integers, got {values!r}.")
@@ -87,20 +92,22 @@ def _candidates(workload: Workload, cluster: ClusterSpec, space: SearchSpace):
     """Every (workload, layout) of the space on the cluster, with the rule each breaks."""
     n_layers, _ = workload.shape
     for tp in _divisors(cluster.gpus_per_node):
-        if cluster.n_gpus % tp:
-            continue
-        for pp in _divisors(cluster.n_gpus // tp):
-            dp = cluster.n_gpus // (tp * pp)
-            if pp > n_layers or workload.global_batch % dp:
+        for cp in space.cp:
+            if cluster.n_gpus % (tp * cp):
                 continue
-            for policy in space.recompute:
-                policy_workload = replace(workload, recompute=policy)
-                for mbs in space.micro_batches:
-                    for v in space.virtual_stages:
-                        for stage in space.zero_stages:
-                            layout = Layout(dp=dp, tp=tp, pp=pp, zero_stage=stage,
-                                            micro_batch=mbs, virtual_stages=v)
-                            yield policy_workload, layout, broken_rule(workload, layout)
+            for pp in _divisors(cluster.n_gpus // (tp * cp)):
+                dp = cluster.n_gpus // (tp * cp * pp)
+                if pp > n_layers or workload.global_batch % dp:
+                    continue
+                for policy in space.recompute:
+                    policy_workload = replace(workload, recompute=policy)
+                    for mbs in space.micro_batches:
+                        for v in space.virtual_stages:
+                            for stage in space.zero_stages:
+                                layout = Layout(dp=dp, tp=tp, pp=pp, zero_stage=stage,
+                                                micro_batch=mbs, virtual_stages=v, cp=cp)
+                                yield policy_workload, layout, broken_rule(
+                                    workload, layout, gpus_per_node=cluster.gpus_per_node)
 
 
 def candidate_layouts(workload: Workload, cluster: ClusterSpec,
@@ -170,9 +177,10 @@ def search_layouts(workload: Workload, cluster: ClusterSpec,
             f"No layout fits: the smallest, {layout_label(least)}, needs "
             f"{least.memory_bytes / 1e9:.1f} GB per GPU against "
             f"{least.memory_limit_bytes / 1e9:.1f} GB usable on a {cluster.gpu.name}; use more "
-            f"GPUs, GPUs with more memory or full recomputation.")
+            f"GPUs, GPUs with more memory, full recomputation or (long sequences) context "
+            f"parallelism (SearchSpace.cp).")
     fitting.sort(key=lambda p: (p.step_s, p.layout.zero_stage, p.layout.pp, p.layout.tp,
-                                p.layout.virtual_stages, p.layout.micro_batch))
+                                p.layout.virtual_stages, p.layout.micro_batch, p.layout.cp))
     shown = fitting[:limit] if limit else fitting
     for p in fitting[len(shown):]:
         refuse("fits, slower than the shown ones", p.layout, p.workload.recompute_policy,
@@ -243,21 +251,28 @@ def gpus_needed(workload: Workload, cluster: ClusterSpec,
 
 
 def format_plans(plans: list[Plan]) -> str:
-    """A fixed-width table of plans: the layout (dp, tp, pp; micro-batch size, virtual stages,
-    recomputation policy, ZeRO stage), memory, step parts (opt: the optimizer step), MFU,
-    days, bottleneck."""
+    """A fixed-width table of plans: the layout (dp, tp, pp, and cp where > 1; micro-batch
+    size, virtual stages, recomputation policy, ZeRO stage), memory, step parts (opt: the
+    optimizer step; cp: context parallelism's K/V collectives, a column only when some plan has
+    cp > 1), MFU, days, bottleneck."""
+    with_cp = any(p.layout.cp > 1 for p in plans)
+    cp_header = f" {'cp':>7}" if with_cp else ""
     header = (f"{'layout':<17} {'mbs':>3} {'v':>2} {'recompute':<9} {'ZeRO':>4} {'mem GB':>7} "
-              f"{'compute':>8} {'tp':>7} {'pp':>7} {'bubble':>7} {'dp':>7} {'opt':>7} {'data':>7} "
-              f"{'step s':>8} {'MFU':>6} {'days':>7}  {'network model':<13}  bottleneck")
+              f"{'compute':>8} {'tp':>7}{cp_header} {'pp':>7} {'bubble':>7} {'dp':>7} {'opt':>7} "
+              f"{'data':>7} {'step s':>8} {'MFU':>6} {'days':>7}  {'network model':<13}  "
+              f"bottleneck")
     lines = [header]
     for p in plans:
         days = p.time_to_train_s / 86400 if p.time_to_train_s is not None else float("nan")
         grid = f"dp{p.layout.dp} tp{p.layout.tp} pp{p.layout.pp}"
+        if p.layout.cp > 1:
+            grid += f" cp{p.layout.cp}"
+        cp_cell = f" {p.cp_comm_s:7.3f}" if with_cp else ""
         lines.append(
             f"{grid:<17} {p.layout.micro_batch:3d} {p.layout.virtual_stages:2d} "
             f"{p.workload.recompute_policy:<9} {p.layout.zero_stage:4d} "
             f"{p.memory_bytes / 1e9:7.1f} {p.compute_s:8.3f} "
-            f"{p.tp_comm_s:7.3f} {p.pp_comm_s:7.3f} {p.bubble_s:7.3f} {p.dp_comm_s:7.3f} "
+            f"{p.tp_comm_s:7.3f}{cp_cell} {p.pp_comm_s:7.3f} {p.bubble_s:7.3f} {p.dp_comm_s:7.3f} "
             f"{p.optimizer_s:7.3f} {p.data_wait_s:7.3f} {p.step_s:8.3f} {100 * p.mfu:5.1f}% {days:7.1f}  "
             f"{p.network_model:<13}  {p.bottleneck}")
     lines.append(f"# all-reduces priced by NCCL {costmodel.NCCL_RELEASE}'s tuning model "
@@ -282,11 +297,12 @@ def describe_plan(plan: Plan) -> str:
         f"activations) of {plan.memory_limit_bytes / 1e9:.1f} GB usable",
         f"step: {plan.step_s:.3f} s; MFU {100 * plan.mfu:.1f}%; bottleneck: {plan.bottleneck}",
     ]
-    for label, estimate in (("data-parallel", plan.dp_estimate),
-                            ("tensor-parallel", plan.tp_estimate)):
+    for label, estimate in (("data-parallel all-reduce", plan.dp_estimate),
+                            ("tensor-parallel all-reduce", plan.tp_estimate),
+                            ("context-parallel K/V all-gather", plan.cp_estimate)):
         if estimate is not None:
             lines.append(
-                f"{label} all-reduce: {estimate.algorithm}/{estimate.protocol} as NCCL "
+                f"{label}: {estimate.algorithm}/{estimate.protocol} as NCCL "
                 f"{estimate.nccl_release} would run it, {estimate.busbw / 1e9:.0f} GB/s busbw; "
                 f"regime {estimate.regime}: "
                 + ("validated against published rows" if estimate.validated else

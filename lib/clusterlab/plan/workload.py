@@ -36,6 +36,9 @@ class Workload:
     n_layers: int | None = None          # transformer layers; None: default_shape(n_params)
     d_model: int | None = None           # model (and attention) width; None: default_shape
     n_heads: int | None = None           # attention heads; None: d_model / 128
+    #: key/value heads (grouped-query attention: Llama 3 has 8); None: n_heads (multi-head).
+    #: Only context parallelism's K/V all-gather reads it (Layout.cp > 1).
+    n_kv_heads: int | None = None
     bytes_per_token: float = 4.0         # bytes storage delivers per token (4: uint32 ids)
     #: the vocabulary V: the output layer (logits, d x V, and the cross-entropy) is priced on the
     #: last pipeline stage, as Megatron-LM places it, on top of the layers that hold n_params;
@@ -58,6 +61,12 @@ class Workload:
         model_shape(self.n_params, self.n_layers, self.d_model)
         if self.n_heads is not None:
             count("n_heads", self.n_heads)
+        if self.n_kv_heads is not None:
+            count("n_kv_heads", self.n_kv_heads)
+            if self.heads % self.n_kv_heads:
+                raise ValueError(f"n_kv_heads ({self.n_kv_heads}) must divide the {self.heads} "
+                                 f"attention heads (each key/value head serves a group of query "
+                                 f"heads); use a divisor of {self.heads}.")
         positive("bytes_per_token", self.bytes_per_token)
         if self.vocab_size is not None:
             count("vocab_size", self.vocab_size)
@@ -96,6 +105,16 @@ class Workload:
     def heads(self) -> int:
         """Attention heads, given or ``max(1, d_model // 128)`` (heads of 128)."""
         return self.n_heads if self.n_heads is not None else max(1, self.shape[1] // 128)
+
+    @property
+    def kv_heads(self) -> int:
+        """Key/value heads, given or :attr:`heads` (multi-head attention)."""
+        return self.n_kv_heads if self.n_kv_heads is not None else self.heads
+
+    @property
+    def head_dim(self) -> float:
+        """Width of one attention head: ``d_model / heads``."""
+        return self.shape[1] / self.heads
 
     @property
     def tokens_per_step(self) -> int:
@@ -159,10 +178,20 @@ def cluster(gpu: str, n_gpus: int, *, storage_read_bytes_per_s: float, gpus_per_
 
 @dataclass(frozen=True)
 class Layout:
-    """How the GPUs split the work: ``dp * tp * pp`` GPUs.
+    """How the GPUs split the work: ``dp * tp * pp * cp`` GPUs.
 
-    Tensor parallelism is innermost (its GPUs share a node), then data, then pipeline, as in
-    Megatron-LM.
+    Placement, innermost first: tensor parallelism (its GPUs share a node), then context
+    parallelism, then data, then pipeline. Tensor, data and pipeline keep Megatron-LM's order
+    (the planner's numbers without cp are those of that order). The cp group sits right outside
+    tp, as in Llama 3, which orders its groups [TP, CP, PP, DP] from the innermost (Dubey et al.
+    2024, section 3.3.2 [dubey2024]): a cp group shares the node's NVLink when ``tp * cp`` GPUs
+    fit in one node. Llama 3 puts pp inside dp; the planner keeps dp inside pp, so that a layout
+    without cp is priced exactly as before.
+
+    Context parallelism (``cp`` > 1) splits every sequence into ``cp`` parts: each GPU of the
+    group holds ``s / cp`` tokens of each sequence (zig-zag: chunks ``i`` and ``2 cp - 1 - i`` of
+    ``2 cp``, so the causal attention work is the same on every GPU), and replicates the
+    parameters and optimizer state of its tp/pp shard; see :func:`clusterlab.plan.predict`.
     """
 
     dp: int = 1                  # data-parallel replicas
@@ -174,9 +203,11 @@ class Layout:
     #: LayerNorm and dropout split along the sequence over the tp GPUs (Korthikanti et al. 2022);
     #: only memory changes: its all-gather and reduce-scatter cost what the all-reduce did
     sequence_parallel: bool = True
+    #: context-parallel GPUs: each holds s / cp tokens of every sequence (1: none)
+    cp: int = 1
 
     def __post_init__(self) -> None:
-        for name in ("dp", "tp", "pp", "micro_batch", "virtual_stages"):
+        for name in ("dp", "tp", "pp", "micro_batch", "virtual_stages", "cp"):
             count(name, getattr(self, name))
         if self.zero_stage not in memory.ZERO_STAGES:
             raise ValueError(f"zero_stage must be one of {memory.ZERO_STAGES}, got "
@@ -184,11 +215,13 @@ class Layout:
 
     @property
     def n_gpus(self) -> int:
-        return self.dp * self.tp * self.pp
+        """GPUs the layout uses: ``dp * tp * pp * cp``."""
+        return self.dp * self.tp * self.pp * self.cp
 
     def __str__(self) -> str:
         chunks = f" v{self.virtual_stages}" if self.virtual_stages > 1 else ""
-        return f"dp{self.dp} tp{self.tp} pp{self.pp}{chunks} ZeRO-{self.zero_stage}"
+        context = f" cp{self.cp}" if self.cp > 1 else ""
+        return f"dp{self.dp} tp{self.tp} pp{self.pp}{context}{chunks} ZeRO-{self.zero_stage}"
 
 
 @dataclass(frozen=True)
