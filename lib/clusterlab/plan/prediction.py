@@ -234,8 +234,8 @@ def broken_rule(workload: Workload, layout: Layout, *, schedule_rules: bool = Tr
     Megatron-LM's for its schedule: interleaving (v > 1) needs pp > 1, layers divisible by
     ``pp * v`` and micro-batches a multiple of pp; ZeRO > 0 needs more than one GPU to shard
     over (``dp * cp > 1``: Megatron's distributed optimizer shards over the data- and
-    context-parallel ranks together). :func:`predict` leaves the schedule rules out: it prices a stage of
-    ``L / pp`` layers as an average, so a layout Megatron would refuse (Llama 3's 126 layers in
+    context-parallel ranks together). :func:`predict` leaves the schedule rules out: it
+    prices a stage of ``L / pp`` layers as an average, so a layout Megatron would refuse (Llama 3's 126 layers in
     16 x 4 chunks) can still be estimated.
 
     Returns:
@@ -270,7 +270,8 @@ def broken_rule(workload: Workload, layout: Layout, *, schedule_rules: bool = Tr
 def _check_layout(workload: Workload, cluster: ClusterSpec, layout: Layout) -> int:
     """Validate a layout for a workload on a cluster; return micro-batches per replica."""
     if layout.n_gpus != cluster.n_gpus:
-        product, with_cp = ("dp*tp*pp*cp", f", cp={layout.cp}") if layout.cp > 1 else ("dp*tp*pp", "")
+        product, with_cp = (("dp*tp*pp*cp", f", cp={layout.cp}") if layout.cp > 1
+                            else ("dp*tp*pp", ""))
         raise ValueError(
             f"Layout {layout} uses {product} = {layout.n_gpus} GPUs but the cluster has "
             f"{cluster.n_gpus}; the product must equal the GPU count (e.g. dp = "
