@@ -287,3 +287,61 @@ def test_decode_all_reduces_are_megatrons_forward_pass():
     assert serving.tensor_parallel_all_reduces_per_token(80) == 80 * forward == 160
     step = serving.decode_step(M, 1, 0, gpu="H200")
     assert isinstance(step, serving.RooflineStep) and step.bound == "memory"
+
+
+# --- speculative decoding (Leviathan et al. 2023, arXiv 2211.17192) ---------------------------
+
+@pytest.mark.parametrize("alpha, k", [(0.0, 4), (0.5, 1), (0.6, 3), (0.8, 5), (0.9, 7), (1.0, 4)])
+def test_speculative_tokens_per_step_matches_paper_equation_1(alpha, k):
+    # Equation (1): E[# generated tokens] = (1 - alpha^(gamma+1)) / (1 - alpha); a geometric sum.
+    expected = sum(alpha ** i for i in range(k + 1))
+    assert serving.speculative_tokens_per_step(alpha, k) == pytest.approx(expected, rel=1e-12)
+    if alpha < 1:
+        assert serving.speculative_tokens_per_step(alpha, k) == pytest.approx(
+            (1 - alpha ** (k + 1)) / (1 - alpha), rel=1e-12)
+
+
+def test_speculative_limits():
+    assert serving.speculative_tokens_per_step(0.0, 6) == 1.0
+    assert serving.speculative_tokens_per_step(1.0, 6) == 7.0
+    assert serving.speculative_tokens_per_step(0.7, 0) == 1.0
+    assert serving.speculative_speedup(0.7, 0, 0.1) == 1.0
+
+
+def test_speculative_speedup_theorem_3_8():
+    # Theorem 3.8: improvement factor (1 - alpha^(gamma+1)) / ((1 - alpha)(gamma c + 1)).
+    alpha, k, c = 0.8, 5, 0.05
+    expected = (1 - alpha ** (k + 1)) / ((1 - alpha) * (k * c + 1))
+    assert serving.speculative_speedup(alpha, k, c) == pytest.approx(expected, rel=1e-12)
+    # A free draft gives the tokens per step; a draft as slow as the target loses for alpha < 1.
+    assert serving.speculative_speedup(alpha, k, 0) == serving.speculative_tokens_per_step(alpha, k)
+    assert serving.speculative_speedup(alpha, k, 1.0) < 1
+
+
+@pytest.mark.parametrize("alpha, k", [(0.3, 2), (0.75, 4), (0.9, 8)])
+def test_speculative_formula_against_brute_simulation(alpha, k):
+    steps = 200_000
+    simulated = serving.simulate_speculative_tokens_per_step(alpha, k, steps, seed=1)
+    formula = serving.speculative_tokens_per_step(alpha, k)
+    # Tokens per step lie in [1, k + 1]: the standard error is below k / (2 sqrt(steps)).
+    margin = 5 * k / (2 * math.sqrt(steps))
+    assert abs(simulated - formula) < margin, (simulated, formula, margin)
+    print(f"alpha={alpha}, k={k}: simulated {simulated:.4f}, formula {formula:.4f}: holds")
+
+
+def test_speculative_simulation_negative_control():
+    # A simulation that forgets the target's own token is one token short: the check catches it.
+    alpha, k, steps = 0.75, 4, 200_000
+    wrong = serving.simulate_speculative_tokens_per_step(alpha, k, steps, seed=1) - 1
+    assert abs(wrong - serving.speculative_tokens_per_step(alpha, k)) > 5 * k / (2 * math.sqrt(steps))
+
+
+@pytest.mark.parametrize("call, match", [
+    (lambda: serving.speculative_tokens_per_step(1.2, 3), "alpha"),
+    (lambda: serving.speculative_tokens_per_step(0.5, -1), "k"),
+    (lambda: serving.speculative_speedup(0.5, 3, -0.1), "cost_ratio"),
+    (lambda: serving.simulate_speculative_tokens_per_step(0.5, 3, 0), "steps"),
+])
+def test_speculative_bad_input(call, match):
+    with pytest.raises(ValueError, match=match):
+        call()

@@ -13,6 +13,8 @@ References:
     https://arxiv.org/abs/2211.05102
     Shoeybi et al., "Megatron-LM: Training Multi-Billion Parameter Language Models Using Model
     Parallelism", 2019, Section 3. https://arxiv.org/abs/1909.08053
+    Leviathan, Kalman and Matias, "Fast Inference from Transformers via Speculative Decoding",
+    ICML 2023 (speculative decoding). https://arxiv.org/abs/2211.17192
 """
 
 from __future__ import annotations
@@ -43,6 +45,9 @@ __all__ = [
     "ServingPlan",
     "serving_options",
     "size_serving",
+    "speculative_tokens_per_step",
+    "speculative_speedup",
+    "simulate_speculative_tokens_per_step",
 ]
 
 
@@ -720,3 +725,106 @@ def size_serving(model: Model, **kwargs) -> ServingPlan:
             f"{model.name} within max_tpot_s={kwargs.get('max_tpot_s')!r}: allow a longer time "
             f"per token, wider tp_options, or fewer bytes per weight.")
     return min(plans, key=lambda plan: (plan.gpus, plan.tpot_s))
+
+
+def _acceptance(alpha: float) -> float:
+    a = _checks.number("alpha", alpha)
+    if not 0 <= a <= 1:
+        raise ValueError(f"alpha must lie in [0, 1] (the chance a draft token is accepted), "
+                         f"got {alpha!r}.")
+    return a
+
+
+def speculative_tokens_per_step(alpha: float, k: int) -> float:
+    """Expected tokens one target step emits with speculative decoding.
+
+    A small draft model proposes ``k`` tokens; the target model scores all of them in one
+    forward pass, keeps the longest accepted prefix and adds one token of its own (the
+    correction at the first rejection, or a bonus token when all ``k`` are accepted). If each
+    draft token is accepted with probability ``alpha``, independently, the expected number of
+    tokens per target step is ``(1 - alpha**(k + 1)) / (1 - alpha)`` (``k + 1`` at
+    ``alpha = 1``, 1 at ``alpha = 0``).
+
+    Args:
+        alpha: acceptance rate of a draft token, in [0, 1].
+        k: draft tokens proposed per target step (integer >= 0; 0 is plain decoding).
+
+    Returns:
+        Expected tokens per target forward pass, in [1, k + 1].
+
+    Raises:
+        ValueError: if ``alpha`` is outside [0, 1] or ``k`` is not an integer >= 0.
+
+    References:
+        Leviathan et al., ICML 2023, Section 3.1, Equation (1).
+        https://arxiv.org/abs/2211.17192
+    """
+    a = _acceptance(alpha)
+    draft = _checks.count("k", k, minimum=0)
+    if a == 1:
+        return float(draft + 1)
+    return (1 - a ** (draft + 1)) / (1 - a)
+
+
+def speculative_speedup(alpha: float, k: int, cost_ratio: float) -> float:
+    """Modelled wall-clock speed-up of speculative decoding over plain decoding.
+
+    One speculative step costs ``k`` draft steps of ``cost_ratio`` (``c``, a draft step's time
+    over a target step's) plus one target step, ``k c + 1`` target steps, and emits
+    :func:`speculative_tokens_per_step` tokens, so the speed-up is
+    ``(1 - alpha**(k + 1)) / ((1 - alpha) (k c + 1))``. It assumes the target scores ``k + 1``
+    tokens in the time of one (decode is memory-bound: true while the batch stays below the
+    compute-bound crossover, see :func:`crossover_batch`).
+
+    Args:
+        alpha: acceptance rate of a draft token, in [0, 1].
+        k: draft tokens per target step (integer >= 0).
+        cost_ratio: a draft step's time over a target step's, ``c >= 0``.
+
+    Returns:
+        Expected tokens per unit of target-step time, relative to plain decoding (1 at k = 0).
+
+    Raises:
+        ValueError: for ``alpha`` outside [0, 1], ``k`` not an integer >= 0, or a negative or
+            non-finite ``cost_ratio``.
+
+    References:
+        Leviathan et al., ICML 2023, Section 3.4, Theorem 3.8.
+        https://arxiv.org/abs/2211.17192
+    """
+    c = _checks.number("cost_ratio", cost_ratio)
+    if not math.isfinite(c) or c < 0:
+        raise ValueError(f"cost_ratio must be a finite number >= 0 (draft step time / target "
+                         f"step time), got {cost_ratio!r}.")
+    draft = _checks.count("k", k, minimum=0)
+    return speculative_tokens_per_step(alpha, draft) / (draft * c + 1)
+
+
+def simulate_speculative_tokens_per_step(alpha: float, k: int, steps: int, *,
+                                         seed: int = 0) -> float:
+    """Tokens per target step, counted by drawing ``steps`` speculative steps at random.
+
+    Each step draws up to ``k`` independent acceptances with probability ``alpha``, stops at
+    the first rejection, and emits the accepted tokens plus the target's one: the brute-force
+    check of :func:`speculative_tokens_per_step`.
+
+    Args:
+        alpha: acceptance rate, in [0, 1].
+        k: draft tokens per step (integer >= 0).
+        steps: target steps simulated (integer >= 1).
+        seed: NumPy generator seed.
+
+    Returns:
+        Mean tokens per step over the simulation.
+
+    Raises:
+        ValueError: for ``alpha`` outside [0, 1] or a count out of range.
+    """
+    import numpy as np
+
+    a = _acceptance(alpha)
+    draft = _checks.count("k", k, minimum=0)
+    n = _checks.count("steps", steps)
+    accepted = np.random.default_rng(seed).random((n, draft)) < a   # (steps, k)
+    prefix = np.cumprod(accepted, axis=1).sum(axis=1)                # accepted before 1st reject
+    return float(np.mean(prefix + 1))
