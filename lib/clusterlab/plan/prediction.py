@@ -13,10 +13,13 @@ References:
     [dubey2024] Dubey et al., "The Llama 3 Herd of Models", 2024, section 3.3.2 (context
     parallelism: the all-gather of K and V over the cp group, zig-zag chunks, the order
     [TP, CP, PP, DP]). https://arxiv.org/abs/2407.21783
-    Megatron Core User Guide, "context_parallel package" (each cp rank holds 1/cp of the
-    sequence and all of its tp/pp shard's parameters; gradients are reduced over the
-    data-parallel and context-parallel ranks together, and the distributed optimizer shards
-    over them). https://docs.nvidia.com/megatron-core/developer-guide/latest/api-guide/context_parallel.html
+    Megatron Core, "Context Parallel Overview" (CP partitions the inputs and all activations
+    along the sequence; attention's K/V are all-gathered forward and reduce-scattered
+    backward). https://docs.nvidia.com/megatron/parallelism-guide/context-parallel
+    Megatron-LM, megatron/core/parallel_state.py: the data-parallel group "with context
+    parallel" (dp x cp ranks holding the same parameters) over which gradients are reduced and
+    the distributed optimizer shards (Megatron-LM core_r0.x; the planner follows it, the
+    source was not re-read for this change).
 """
 
 from __future__ import annotations
