@@ -208,3 +208,23 @@ def test_long_sequences_need_cp_and_the_search_picks_it():
           f"{best.memory_limit_bytes / 1e9:.1f}, step {best.step_s:.1f} s, K/V collectives "
           f"{best.cp_comm_s:.2f} s, MFU {100 * best.mfu:.1f}%; "
           f"{len(result.plans)} fit, all with cp >= {min(p.layout.cp for p in result.plans)}")
+
+
+def test_cli_searches_the_context_parallel_degrees_it_is_given():
+    # 131,072-token sequences of a 70B model on 512 H100s: nothing fits without cp (the error
+    # names context parallelism); with --context-parallel 1,8,16 the best layout has cp > 1.
+    import contextlib
+    import io
+
+    from clusterlab import __main__ as cli
+    args = ["plan", "--params", "70e9", "--gpu", "H100", "--gpus", "512", "--seq-len", "131072",
+            "--batch", "64", "--tokens", "1e9", "--recompute", "flash", "--top", "1"]
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        assert cli.main(args) == 2
+    assert "context parallelism" in err.getvalue()
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert cli.main(args + ["--context-parallel", "1,8,16"]) == 0
+    best = next(line for line in out.getvalue().splitlines() if line.startswith("layout:"))
+    assert " cp8 " in best or " cp16 " in best, best

@@ -213,6 +213,8 @@ def _plan_parser(commands) -> None:
                       help="micro-batch sizes to search, e.g. 1,2,4 (1,2,4,8)")
     plan.add_argument("--virtual-stages", type=_positive_ints, default=_SPACE.virtual_stages,
                       help="interleaved virtual stages to search, e.g. 1,2 (1,2,4)")
+    plan.add_argument("--context-parallel", type=_positive_ints, default=_SPACE.cp,
+                      help="context-parallel degrees to search, e.g. 1,4,16 (1: none)")
     plan.add_argument("--zero", type=_zero_stages, default=_SPACE.zero_stages,
                       help="ZeRO stages to search, e.g. 1,3 (0,1,2,3; 0 alone when dp = 1)")
     plan.add_argument("--bytes-per-token", type=float, default=4.0,
@@ -277,7 +279,7 @@ def _plan(args: argparse.Namespace) -> None:
     space = plan.SearchSpace(micro_batches=args.micro_batches,
                              virtual_stages=args.virtual_stages,
                              recompute=args.recompute or RECOMPUTE_POLICIES,
-                             zero_stages=args.zero)
+                             zero_stages=args.zero, cp=args.context_parallel)
     assumptions = plan.Assumptions(compute_efficiency=args.efficiency, dp_overlap=args.overlap,
                                    activation_reserve=args.reserve)
     if args.gpus is None:
