@@ -45,11 +45,14 @@ x, y = models.synthetic_regression(jax.random.key(1), n_samples=64, d_model=128)
 def make(extra_on, name):
     def local(params, xb, yb):  # xb, yb: f32[64/n, 128]
         loss, grads = jax.value_and_grad(models.mse_loss)(params, xb, yb)
-        if extra_on is not None:  # one device runs forty 256^3 matmuls more than the others
-            w = jnp.ones((256, 256)) / 256
-            heavy = lambda: jax.lax.fori_loop(0, 40, lambda i, a: jnp.tanh(a @ w), w).sum()
-            loss = loss + 0 * jax.lax.cond(jax.lax.axis_index("data") == extra_on, heavy,
-                                           lambda: 0.0)
+        # every device runs eighty 256^3 matmuls, so a step's work dwarfs the host's thread
+        # scheduling; the straggler's device runs three times as many more
+        w = jnp.ones((256, 256)) / 256
+        heavy = lambda n: jax.lax.fori_loop(0, n, lambda i, a: jnp.tanh(a @ w), w).sum()
+        loss = loss + 0 * heavy(80)
+        if extra_on is not None:
+            loss = loss + 0 * jax.lax.cond(jax.lax.axis_index("data") == extra_on,
+                                           lambda: heavy(240), lambda: 0.0)
         return jax.lax.pmean((loss, grads), "data")
     local.__name__ = name  # the compiled module is jit_<name>
     return jax.jit(jax.shard_map(local, mesh=mesh, in_specs=(P(), P("data"), P("data")),

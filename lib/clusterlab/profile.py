@@ -492,7 +492,8 @@ def _device_order(name: str) -> tuple[str, int]:
 # ----------------------------------------------------------------------------------- reading it
 
 def straggler(profile: Profile, *, wait_ratio: float = 5.0,
-              compute_ratio: float = 1.0) -> str | None:
+              compute_ratio: float = 1.0, explained: float = 0.5,
+              min_wait_share: float = 0.4) -> str | None:
     """The device every other one waits for; ``None`` when there is none.
 
     A straggler arrives last at the collective: it waits least, and every other device waits
@@ -505,16 +506,25 @@ def straggler(profile: Profile, *, wait_ratio: float = 5.0,
     it is inside the NCCL kernel, so there the exposed collective time (``collective_s``)
     stands for it. The compute contrast is mild on purpose: on a loaded host every device's
     compute time includes the time its threads were descheduled, which blurs it; the wait is
-    the sharp signal.
+    the sharp signal. But the wait alone is not enough: with more simulated devices than cores,
+    a balanced step has a device that is started last in every step, and the others wait for
+    it although it has no more to do, or its thread is descheduled and its ops run long. So its
+    compute beyond the others' median must also explain at least ``explained`` of the shortest
+    wait of any other device, and that wait must be material: at least ``min_wait_share`` of
+    the others' median compute (a skew small beside the work is the host's scheduling).
 
     Args:
         profile: a read trace with at least two devices.
         wait_ratio: how much longer every other device must wait (> 1).
         compute_ratio: how much more than the others' median it must compute (>= 1).
+        explained: the share of the others' shortest wait that its extra compute must account
+            for (in (0, 1]).
+        min_wait_share: the others' shortest wait as a share of their median compute (> 0).
     """
-    if wait_ratio <= 1 or compute_ratio < 1:
-        raise ValueError(f"straggler needs wait_ratio > 1 and compute_ratio >= 1, got "
-                         f"{wait_ratio} and {compute_ratio}.")
+    if wait_ratio <= 1 or compute_ratio < 1 or not 0 < explained <= 1 or min_wait_share <= 0:
+        raise ValueError(f"straggler needs wait_ratio > 1, compute_ratio >= 1, 0 < explained <= 1 "
+                         f"and min_wait_share > 0, got {wait_ratio}, {compute_ratio}, {explained} "
+                         f"and {min_wait_share}.")
     if len(profile.devices) < 2:
         raise ValueError("A straggler needs at least two devices in the profile.")
     waited = (lambda d: d.waiting_s) if profile.source == "xla-cpu" else (lambda d: d.collective_s)
@@ -525,6 +535,9 @@ def straggler(profile: Profile, *, wait_ratio: float = 5.0,
     if last.compute_s < compute_ratio * median or any(
             waited(d) < wait_ratio * waited(last) for d in others):
         return None
+    shortest_wait = min(waited(d) for d in others)
+    if last.compute_s - median < explained * shortest_wait or shortest_wait < min_wait_share * median:
+        return None  # not for work it had and they did not, or too little to matter
     if any(min(step.devices, key=waited).device != last.device for step in profile.steps()):
         return None
     return last.device
