@@ -194,9 +194,9 @@ def _plan_parser(commands) -> None:
         "plan", help="size a cluster for a training run and rank parallel layouts",
         description="Predict memory per GPU, step time (compute, tensor-parallel and "
                     "data-parallel all-reduce, pipeline bubble, storage), MFU and time to train "
-                    "for a dense transformer, for every layout that fits; or, with --budget-days "
-                    "and no --gpus, the smallest cluster that meets the budget. Memory "
-                    "counts model states and activations.")
+                    "for a dense transformer, or one with experts (--experts), for every layout "
+                    "that fits; or, with --budget-days and no --gpus, the smallest cluster that "
+                    "meets the budget. Memory counts model states and activations.")
     plan.add_argument("--params", type=float, required=True, help="model parameters, e.g. 70e9")
     plan.add_argument("--tokens", type=float, help="training tokens, e.g. 2e12")
     plan.add_argument("--budget-days", type=float, help="wall-clock budget in days")
@@ -215,6 +215,18 @@ def _plan_parser(commands) -> None:
                       help="interleaved virtual stages to search, e.g. 1,2 (1,2,4)")
     plan.add_argument("--context-parallel", type=_positive_ints, default=_SPACE.cp,
                       help="context-parallel degrees to search, e.g. 1,4,16 (1: none)")
+    plan.add_argument("--expert-parallel", type=_positive_ints, default=_SPACE.ep,
+                      help="expert-parallel degrees to search, carved from dp, e.g. 1,8 (1: "
+                           "none; needs --experts); its all-to-alls are unvalidated")
+    plan.add_argument("--experts", type=int, help="experts per MoE layer (default: a dense "
+                                                  "model), e.g. 8")
+    plan.add_argument("--top-k", type=int, help="experts each token runs (with --experts; 2)")
+    plan.add_argument("--expert-mlp", type=int,
+                      help="hidden width of one gated expert MLP (with --experts), e.g. 14336")
+    plan.add_argument("--moe-layers", type=int,
+                      help="layers with experts (with --experts; default: every layer)")
+    plan.add_argument("--capacity-factor", type=float,
+                      help="expert capacity factor of the dispatch buffers (with --experts; 1)")
     plan.add_argument("--zero", type=_zero_stages, default=_SPACE.zero_stages,
                       help="ZeRO stages to search, e.g. 1,3 (0,1,2,3; 0 alone when dp = 1)")
     plan.add_argument("--bytes-per-token", type=float, default=4.0,
@@ -271,15 +283,36 @@ def _policies(text: str) -> tuple[str, ...]:
     return values
 
 
+def _moe(args: argparse.Namespace) -> plan.MoE | None:
+    """The --experts options as a plan.MoE (None without --experts)."""
+    extra = {"--top-k": args.top_k, "--expert-mlp": args.expert_mlp,
+             "--moe-layers": args.moe_layers, "--capacity-factor": args.capacity_factor}
+    if args.experts is None:
+        given = [flag for flag, value in extra.items() if value is not None]
+        if given:
+            raise ValueError(f"{', '.join(given)} describe experts: give --experts too (the "
+                             f"number of experts per MoE layer), or drop them for a dense model.")
+        return None
+    if args.expert_mlp is None:
+        raise ValueError("--experts needs --expert-mlp, the hidden width of one expert MLP "
+                         "(Mixtral 8x7B: 14336).")
+    return plan.MoE(args.experts, 2 if args.top_k is None else args.top_k, args.expert_mlp,
+                    n_moe_layers=args.moe_layers,
+                    capacity_factor=1.0 if args.capacity_factor is None
+                    else args.capacity_factor)
+
+
 def _plan(args: argparse.Namespace) -> None:
     workload = plan.Workload(
         args.params, args.seq_len, args.batch, n_tokens=args.tokens,
         time_budget_s=None if args.budget_days is None else args.budget_days * 86400,
-        n_layers=args.layers, d_model=args.d_model, bytes_per_token=args.bytes_per_token)
+        n_layers=args.layers, d_model=args.d_model, bytes_per_token=args.bytes_per_token,
+        moe=_moe(args))
     space = plan.SearchSpace(micro_batches=args.micro_batches,
                              virtual_stages=args.virtual_stages,
                              recompute=args.recompute or RECOMPUTE_POLICIES,
-                             zero_stages=args.zero, cp=args.context_parallel)
+                             zero_stages=args.zero, cp=args.context_parallel,
+                             ep=args.expert_parallel)
     assumptions = plan.Assumptions(compute_efficiency=args.efficiency, dp_overlap=args.overlap,
                                    activation_reserve=args.reserve)
     if args.gpus is None:

@@ -37,8 +37,8 @@ from clusterlab._checks import (
     positive as _check_positive,
 )
 
-__all__ = ["training_flops", "transformer_flops_per_token", "causal_flops_per_token",
-           "mfu_convention_over_causal", "mfu", "time_to_train_s"]
+__all__ = ["training_flops", "transformer_flops_per_token", "moe_flops_per_token",
+           "causal_flops_per_token", "mfu_convention_over_causal", "mfu", "time_to_train_s"]
 
 
 def training_flops(n_params: float, n_tokens: float) -> float:
@@ -98,6 +98,61 @@ def transformer_flops_per_token(n_params: float, n_layers: int, seq_len: int,
     _check_count("seq_len", seq_len)
     _check_count("d_model", d_model)
     return 6.0 * float(n_params) + 12.0 * n_layers * seq_len * d_model
+
+
+def moe_flops_per_token(n_params: float, n_layers: int, seq_len: int, d_model: int, *,
+                        n_moe_layers: int, n_experts: int, top_k: int,
+                        params_per_expert: float) -> float:
+    """Model FLOPs per trained token of a mixture-of-experts transformer: the course's MFU
+    numerator (:func:`transformer_flops_per_token`) of the parameters a token uses.
+
+    A token runs ``top_k`` of the ``n_experts`` expert MLPs of each of the ``n_moe_layers`` MoE
+    layers, so ``(n_experts - top_k) * params_per_expert`` parameters of each such layer do no
+    work for it. The active parameters are ``N_active = N - n_moe_layers (E - k) P_e`` and the
+    FLOPs ``6 N_active + 12 L s d`` (the "active parameters" by which Mixtral 8x7B, 46.7B
+    parameters, counts 12.9B, Jiang et al. 2024, section 2; the router's ``d x E`` weights count
+    as parameters every token uses).
+
+    Args:
+        n_params: every parameter ``N``, the experts' included (> 0).
+        n_layers: transformer layers ``L`` (integer >= 1).
+        seq_len: sequence length ``T`` (integer >= 1).
+        d_model: attention width (integer >= 1), as in :func:`transformer_flops_per_token`.
+        n_moe_layers: layers whose MLP is a mixture of experts (integer, 1 to ``n_layers``).
+        n_experts: experts ``E`` per MoE layer (integer >= 1).
+        top_k: experts per token ``k`` (integer, 1 to ``E``).
+        params_per_expert: parameters ``P_e`` of one expert MLP (> 0; ``3 d f`` for a gated
+            MLP of width ``f``).
+
+    Returns:
+        FLOPs per training token: ``6 N_active + 12 L T d``.
+
+    Raises:
+        ValueError: for a bad size, ``top_k`` outside ``[1, E]``, more MoE layers than layers,
+            or experts holding every parameter (``N_active <= 0``: ``n_params`` must count all
+            parameters).
+
+    References:
+        Jiang et al., "Mixtral of Experts", 2024, https://arxiv.org/abs/2401.04088;
+        Chowdhery et al. 2022 (PaLM), Appendix B (the ``6N + 12 L T d`` accounting).
+    """
+    _check_count("n_moe_layers", n_moe_layers)
+    _check_count("n_experts", n_experts)
+    _check_count("top_k", top_k)
+    _check_positive("params_per_expert", params_per_expert)
+    if n_moe_layers > _check_count("n_layers", n_layers):
+        raise ValueError(f"n_moe_layers ({n_moe_layers}) exceeds the {n_layers} layers; give "
+                         f"at most n_layers MoE layers.")
+    if top_k > n_experts:
+        raise ValueError(f"top_k ({top_k}) exceeds the {n_experts} experts: a token cannot run "
+                         f"more experts than there are.")
+    active = (_check_positive("n_params", n_params)
+              - n_moe_layers * (n_experts - top_k) * float(params_per_expert))
+    if active <= 0:
+        raise ValueError(f"The {n_moe_layers} x {n_experts} experts of {params_per_expert:.3g} "
+                         f"parameters hold more than the {n_params:.3g} parameters given; "
+                         f"n_params counts every parameter, the experts' included.")
+    return transformer_flops_per_token(active, n_layers, seq_len, d_model)
 
 
 def causal_flops_per_token(n_params: float, n_layers: int, seq_len: int, d_attn: int, *,

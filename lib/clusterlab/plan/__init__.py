@@ -7,11 +7,13 @@ builds one from catalog names, counted in GPUs). The package, by job:
   from the course's one MFU numerator (:func:`clusterlab.flops.transformer_flops_per_token`),
   the gradient all-reduce, and the part of it that the backward pass cannot hide.
 * The planner: a :class:`Workload` (model size, tokens or a time budget, sequence length, global
-  batch) on a cluster under a :class:`Layout` (data, tensor, pipeline and context parallel
-  degrees, ZeRO stage) and :class:`Assumptions` (:mod:`~clusterlab.plan.workload`) gives a :class:`Plan`
+  batch; a mixture of experts, :class:`MoE`, optional) on a cluster under a :class:`Layout`
+  (data, tensor, pipeline, context and expert parallel degrees, ZeRO stage) and :class:`Assumptions` (:mod:`~clusterlab.plan.workload`) gives a :class:`Plan`
   (:mod:`~clusterlab.plan.prediction`): memory per device, a step summed from compute,
   tensor-parallel all-reduces (inside a node), context parallelism's K/V all-gathers
-  (:func:`kv_all_gather_bytes`), pipeline sends and bubble, the data-parallel
+  (:func:`kv_all_gather_bytes`), expert parallelism's all-to-alls
+  (:func:`expert_all_to_all_bytes`, unvalidated: no published MoE training row), pipeline
+  sends and bubble, the data-parallel
   all-reduce and waiting for storage; MFU, time to train and the bottleneck. :func:`predict`
   prices one layout; :mod:`~clusterlab.plan.search` ranks all layouts that fit
   (:func:`rank_layouts`) and finds the smallest cluster that meets a deadline
@@ -35,9 +37,10 @@ from clusterlab.plan.fabric_comparison import (FABRIC_CLUSTERS, FABRIC_JOB, Data
 from clusterlab.plan.power import (PUE_HYPERSCALE, PUE_INDUSTRY_AVERAGE, cluster_power_w,
                                    facility_power_w, gpus_within_power,
                                    peak_flops_per_facility_w)
-from clusterlab.plan.prediction import (BYTES_PER_VALUE, Plan, broken_rule,
+from clusterlab.plan.prediction import (BYTES_PER_VALUE, EP_TERM, Plan, broken_rule,
                                         cp_collectives_per_layer, dp_all_reduce,
-                                        dp_all_reduce_s, kv_all_gather_bytes, predict,
+                                        dp_all_reduce_s, ep_all_to_alls_per_layer,
+                                        expert_all_to_all_bytes, kv_all_gather_bytes, predict,
                                         predict_published)
 from clusterlab.plan.search import (Refusal, SearchResult, SearchSpace, best_plan,
                                     candidate_layouts, describe_plan, format_plans,
@@ -45,16 +48,17 @@ from clusterlab.plan.search import (Refusal, SearchResult, SearchSpace, best_pla
 from clusterlab.plan.step import (BACKWARD_FRACTION, StepTime,
                                   data_parallel_step, default_shape, hidden_all_reduce_s,
                                   model_shape)
-from clusterlab.plan.workload import Assumptions, Layout, Workload, cluster
+from clusterlab.plan.workload import EXPERT_MATRICES, Assumptions, Layout, MoE, Workload, cluster
 from clusterlab.plan import validation
 from clusterlab.plan.validation import validation_table
 
 __all__ = [
-    "BACKWARD_FRACTION", "BYTES_PER_VALUE", "FABRIC_CLUSTERS",
+    "BACKWARD_FRACTION", "BYTES_PER_VALUE", "EP_TERM", "EXPERT_MATRICES", "FABRIC_CLUSTERS",
     "FABRIC_JOB", "PUE_HYPERSCALE", "PUE_INDUSTRY_AVERAGE", "Assumptions", "DataParallelJob",
-    "Layout", "Plan", "Refusal", "broken_rule", "SearchResult", "SearchSpace", "StepTime", "Workload", "best_plan", "candidate_layouts", "cluster",
+    "Layout", "MoE", "Plan", "Refusal", "broken_rule", "SearchResult", "SearchSpace", "StepTime", "Workload", "best_plan", "candidate_layouts", "cluster",
     "cluster_power_w", "data_parallel_step", "default_shape", "describe_plan", "dp_all_reduce",
-    "dp_all_reduce_s", "cp_collectives_per_layer", "kv_all_gather_bytes", "fabric_step", "facility_power_w", "format_plans", "format_refusals", "gpus_needed",
+    "dp_all_reduce_s", "cp_collectives_per_layer", "ep_all_to_alls_per_layer",
+    "expert_all_to_all_bytes", "kv_all_gather_bytes", "fabric_step", "facility_power_w", "format_plans", "format_refusals", "gpus_needed",
     "gpus_within_power", "hidden_all_reduce_s", "model_shape", "network_to_match",
     "peak_flops_per_facility_w", "predict", "predict_published", "rank_layouts", "search_layouts",
     "validation", "validation_table",

@@ -20,12 +20,18 @@ References:
     parallel" (dp x cp ranks holding the same parameters) over which gradients are reduced and
     the distributed optimizer shards (Megatron-LM core_r0.x; the planner follows it, the
     source was not re-read for this change).
+    Expert parallelism: DeepSpeed's expert-parallel and expert-data-parallel groups
+    (deepspeed/utils/groups.py, ``_create_expert_and_data_parallel``) and Megatron Core's MoE
+    guide (see :mod:`clusterlab.plan.workload`); the all-to-all's buffer is
+    :func:`clusterlab.parallel.experts.all_to_all_bytes`'s (GShard, Lepikhin et al. 2021;
+    Switch, Fedus et al. 2021). No published MoE training run is in
+    :func:`clusterlab.plan.validation_table`: the expert-parallel terms are unvalidated.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from clusterlab import costmodel, flops, gemm, memory, storage
 from clusterlab.hardware import ClusterSpec
@@ -36,6 +42,8 @@ from clusterlab.plan.workload import cluster as plan_cluster
 from clusterlab.published import training_runs
 
 BYTES_PER_VALUE = 2  # BF16: parameters, gradients and activations as they travel (2 bytes)
+#: The breakdown's name of expert parallelism's all-to-alls (Plan.breakdown, the CLI's tables)
+EP_TERM = "expert-parallel all-to-all (unvalidated)"
 
 
 @dataclass(frozen=True)
@@ -43,9 +51,9 @@ class Plan:
     """A layout's prediction: memory, the step and its parts, MFU, time to train.
 
     The step is ``compute + tensor-parallel all-reduce + context-parallel K/V collectives +
-    pipeline sends + pipeline bubble + exposed data-parallel all-reduce + optimizer step + data
-    wait``; storage prefetches, so it only adds the part of its load time that exceeds the rest
-    of the step.
+    expert-parallel all-to-alls + pipeline sends + pipeline bubble + exposed data-parallel
+    all-reduce + optimizer step + data wait``; storage prefetches, so it only adds the part of
+    its load time that exceeds the rest of the step.
     """
 
     workload: Workload
@@ -77,12 +85,19 @@ class Plan:
     tp_estimate: costmodel.CollectiveEstimate | None = field(default=None, compare=False)
     #: one context-parallel K/V all-gather's estimate (None without cp)
     cp_estimate: costmodel.CollectiveEstimate | None = field(default=None, compare=False)
+    #: expert parallelism's dispatch and combine all-to-alls, forward and backward, not hidden
+    #: (_expert_parallel); 0 without ep. Unvalidated: no published MoE training row.
+    ep_comm_s: float = 0.0
+    #: one expert-parallel all-to-all's estimate, marked unvalidated (None without ep)
+    ep_estimate: costmodel.CollectiveEstimate | None = field(default=None, compare=False)
 
     @property
     def validated(self) -> bool:
-        """Whether every all-reduce the plan prices lies in a regime with published rows
-        (``costmodel.validation_by_regime``); False: some of its network time is unvalidated."""
-        return all(e.validated for e in (self.dp_estimate, self.tp_estimate, self.cp_estimate)
+        """Whether every collective the plan prices lies in a regime with published rows
+        (``costmodel.validation_by_regime``); False: some of its network time is unvalidated
+        (always with expert parallelism: no published MoE training row backs its all-to-alls)."""
+        return all(e.validated for e in (self.dp_estimate, self.tp_estimate, self.cp_estimate,
+                                         self.ep_estimate)
                    if e is not None)
 
     @property
@@ -92,8 +107,9 @@ class Plan:
 
     @property
     def step_s(self) -> float:
-        return (self.compute_s + self.tp_comm_s + self.cp_comm_s + self.pp_comm_s
-                + self.bubble_s + self.dp_comm_s + self.optimizer_s + self.data_wait_s)
+        return (self.compute_s + self.tp_comm_s + self.cp_comm_s + self.ep_comm_s
+                + self.pp_comm_s + self.bubble_s + self.dp_comm_s + self.optimizer_s
+                + self.data_wait_s)
 
     @property
     def fits(self) -> bool:
@@ -133,10 +149,13 @@ class Plan:
 
     def breakdown(self) -> dict[str, float]:
         """Seconds per step by what the GPUs are doing or waiting for (the context-parallel
-        K/V collectives only for a layout with cp > 1)."""
+        K/V collectives only for a layout with cp > 1, the expert-parallel all-to-alls,
+        unvalidated, only for one with ep > 1)."""
         parts = {"compute": self.compute_s, "tensor-parallel all-reduce": self.tp_comm_s}
         if self.layout.cp > 1:
             parts["context-parallel K/V all-gather"] = self.cp_comm_s
+        if self.layout.ep > 1:
+            parts[EP_TERM] = self.ep_comm_s
         return parts | {"pipeline send/receive": self.pp_comm_s, "pipeline bubble": self.bubble_s,
                         "data-parallel all-reduce": self.dp_comm_s,
                         "optimizer step": self.optimizer_s, "storage": self.data_wait_s}
@@ -153,9 +172,11 @@ class Plan:
         dp_nodes = _dp_placement(self.layout, self.hardware)[1]
         stages_apart = _stages_cross_nodes(self.layout, self.hardware)
         cp_nodes = _cp_placement(self.layout, self.hardware)[1]
+        ep_nodes = _ep_placement(self.layout, self.hardware)[1]
         return {"compute": "compute", "tensor-parallel all-reduce": "node interconnect",
                 "context-parallel K/V all-gather": ("fabric" if cp_nodes > 1
                                                     else "node interconnect"),
+                EP_TERM: "fabric" if ep_nodes > 1 else "node interconnect",
                 "pipeline send/receive": "fabric" if stages_apart else "node interconnect",
                 "pipeline bubble": "pipeline bubble",
                 "data-parallel all-reduce": "fabric" if dp_nodes > 1 else "node interconnect",
@@ -220,6 +241,25 @@ def _dp_placement(layout: Layout, cluster: ClusterSpec) -> tuple[int, int]:
     return local, layout.dp * layout.cp // local
 
 
+def _ep_placement(layout: Layout, cluster: ClusterSpec) -> tuple[int, int]:
+    """(GPUs of one expert-parallel group inside a node, nodes the group spans): ``ep``
+    consecutive data-parallel ranks (DeepSpeed's expert-parallel groups), so the group fills
+    the node's data-parallel GPUs (those left by tp and cp) before it crosses nodes."""
+    slots = max(1, cluster.gpus_per_node // layout.tp)
+    dp_local = math.gcd(layout.dp, max(1, slots // math.gcd(layout.cp, slots)))
+    local = math.gcd(layout.ep, dp_local)
+    return local, layout.ep // local
+
+
+def _expert_dp_placement(layout: Layout, cluster: ClusterSpec) -> tuple[int, int]:
+    """(GPUs inside a node, nodes) of the group that reduces the experts' gradients: the
+    ``dp cp / ep`` GPUs that hold the same experts (DeepSpeed's expert-data-parallel group:
+    data-parallel ranks ``ep`` apart, and the cp ranks)."""
+    size = layout.dp * layout.cp // layout.ep
+    local = math.gcd(size, _dp_placement(layout, cluster)[0] // _ep_placement(layout, cluster)[0])
+    return local, size // local
+
+
 def _stages_cross_nodes(layout: Layout, cluster: ClusterSpec) -> bool:
     """Whether neighbouring pipeline stages sit on different nodes (stages are outermost)."""
     return layout.pp > 1 and layout.tp * layout.cp * layout.dp >= cluster.gpus_per_node
@@ -237,7 +277,9 @@ def broken_rule(workload: Workload, layout: Layout, *, schedule_rules: bool = Tr
     Megatron-LM's for its schedule: interleaving (v > 1) needs pp > 1, layers divisible by
     ``pp * v`` and micro-batches a multiple of pp; ZeRO > 0 needs more than one GPU to shard
     over (``dp * cp > 1``: Megatron's distributed optimizer shards over the data- and
-    context-parallel ranks together). :func:`predict` leaves the schedule rules out: it
+    context-parallel ranks together). Expert parallelism (ep > 1) needs a workload with
+    experts, and ``ep`` dividing both the experts and ``dp`` (its ranks are data-parallel
+    ranks, :class:`Layout`). :func:`predict` leaves the schedule rules out: it
     prices a stage of ``L / pp`` layers as an average, so a layout Megatron would refuse (Llama 3's 126 layers in
     16 x 4 chunks) can still be estimated.
 
@@ -256,6 +298,13 @@ def broken_rule(workload: Workload, layout: Layout, *, schedule_rules: bool = Tr
         group = layout.tp * layout.cp
         if gpus_per_node % group and group % gpus_per_node:
             return "tp * cp neither divides a node nor is whole nodes"
+    if layout.ep > 1:
+        if workload.moe is None:
+            return "expert parallelism needs a mixture-of-experts workload"
+        if workload.moe.n_experts % layout.ep:
+            return "ep does not divide the experts"
+        if layout.dp % layout.ep:
+            return "ep does not divide dp (expert-parallel ranks are data-parallel ranks)"
     if not schedule_rules:
         return None
     if layout.virtual_stages > 1:
@@ -296,7 +345,12 @@ def _check_layout(workload: Workload, cluster: ClusterSpec, layout: Layout) -> i
                          f"tp={layout.tp}, cp={layout.cp}, {cluster.gpus_per_node} GPUs per "
                          f"node); choose dp dividing the batch, a micro-batch dividing each "
                          f"replica's share, a cp with 2 * cp dividing the sequence and "
-                         f"tp * cp dividing a node or a multiple of it.")
+                         f"tp * cp dividing a node or a multiple of it"
+                         + ("" if layout.ep == 1 else
+                            f", an ep (here {layout.ep}) dividing dp and the experts ("
+                            + ("none: the workload is dense" if workload.moe is None else
+                               f"{workload.moe.n_experts}") + ")")
+                         + ".")
     per_replica = workload.global_batch // layout.dp
     if cluster.storage_read_bytes_per_s is None:
         raise ValueError("The planner needs the cluster's storage: give the ClusterSpec a "
@@ -305,6 +359,13 @@ def _check_layout(workload: Workload, cluster: ClusterSpec, layout: Layout) -> i
 
 
 # --- The terms of a step ---------------------------------------------------------------------
+
+def _params_per_gpu(workload: Workload, layout: Layout) -> tuple[float, float]:
+    """(parameters outside the experts, experts' parameters) one GPU holds under expert
+    parallelism: ``(N - N_e) / (tp pp)`` and ``N_e / (tp pp ep)``."""
+    dense = (workload.n_params - workload.expert_params) / (layout.tp * layout.pp)
+    return dense, workload.expert_params / (layout.tp * layout.pp * layout.ep)
+
 
 def _memory(workload: Workload, layout: Layout, assumptions: Assumptions,
             microbatches: int) -> tuple[float, float]:
@@ -324,11 +385,27 @@ def _memory(workload: Workload, layout: Layout, assumptions: Assumptions,
     are not kept (the backward gathers them again, :func:`_context_parallel`). The model
     states are replicated over cp and ZeRO shards them over the ``dp * cp`` GPUs that hold the
     same parameters.
+
+    Expert parallelism: a GPU holds ``1 / (tp pp ep)`` of the experts' parameters
+    (:class:`Layout`), and ZeRO shards their states over the ``dp cp / ep`` GPUs that hold the
+    same experts; the other parameters as without ep. The MoE layers' activations are counted
+    as a dense layer's (memory's formula has no MLP width): the ``k`` expert MLPs' intermediate
+    activations of each token are not counted, an underestimate when ``k f > 4 d``.
     """
     n_layers, d_model = workload.shape
-    states_bytes = memory.training_memory_per_device(
-        workload.n_params / (layout.tp * layout.pp), layout.dp * layout.cp, layout.zero_stage,
-        fp32_grad_accumulation=assumptions.fp32_grad_accumulation)
+    if layout.ep == 1:
+        states_bytes = memory.training_memory_per_device(
+            workload.n_params / (layout.tp * layout.pp), layout.dp * layout.cp,
+            layout.zero_stage, fp32_grad_accumulation=assumptions.fp32_grad_accumulation)
+    else:
+        dense_params, expert_params = _params_per_gpu(workload, layout)
+        states_bytes = (
+            memory.training_memory_per_device(
+                dense_params, layout.dp * layout.cp, layout.zero_stage,
+                fp32_grad_accumulation=assumptions.fp32_grad_accumulation)
+            + memory.training_memory_per_device(
+                expert_params, layout.dp * layout.cp // layout.ep, layout.zero_stage,
+                fp32_grad_accumulation=assumptions.fp32_grad_accumulation))
     policy = workload.recompute_policy
     layer_bytes = memory.transformer_layer_activation_bytes(
         workload.seq_len, layout.micro_batch, d_model, workload.heads,
@@ -366,6 +443,15 @@ def _compute_s(workload: Workload, cluster: ClusterSpec, layout: Layout,
     causal_blocks_per_device`: ``2 cp + 1`` blocks each). The GEMMs keep the efficiency of the
     whole sequence's shapes (a modelled simplification: at ``s / cp`` of tens of thousands of
     tokens the rows stay far beyond a wave of tiles).
+
+    Mixture of experts: an MoE layer runs attention and the ``top_k`` expert MLPs of each token
+    (:attr:`Workload.expert_ffn_width`: one MLP of their FLOPs, split over tp as the experts
+    are), a dense layer its MLP; a stage's layer time is their average. The load is assumed
+    balanced over the experts (each GPU computes as many assignments as its own tokens make,
+    whatever ep), the expert GEMMs as efficient as one MLP over the micro-batch's tokens and
+    the capacity buffers' empty slots as free (modelled simplifications: grouped GEMMs over
+    ``T k / E`` rows per expert run below that, an unbalanced router makes the busiest GPU the
+    pace, :func:`clusterlab.parallel.experts.straggler_factor`).
     """
     n_layers, d_model = workload.shape
     vocab = workload.vocab_size
@@ -376,11 +462,20 @@ def _compute_s(workload: Workload, cluster: ClusterSpec, layout: Layout,
                     6.0 * workload.tokens_per_step / (layout.dp * layout.cp) * d_model * vocab
                     / layout.tp / rate)
         return hardware_flops / (cluster.n_gpus * rate) + output_s, output_s
-    layer_s = gemm.transformer_layer_time_s(
-        cluster.gpu, workload.seq_len, layout.micro_batch, d_model, workload.heads,
-        ffn_hidden=workload.mlp_width, tensor_parallel=layout.tp,
-        sequence_parallel=layout.sequence_parallel and layout.tp > 1,
-        recompute=workload.recompute_policy) / layout.cp
+    def layer_time_s(ffn_hidden: float) -> float:
+        return gemm.transformer_layer_time_s(
+            cluster.gpu, workload.seq_len, layout.micro_batch, d_model, workload.heads,
+            ffn_hidden=ffn_hidden, tensor_parallel=layout.tp,
+            sequence_parallel=layout.sequence_parallel and layout.tp > 1,
+            recompute=workload.recompute_policy) / layout.cp
+
+    if workload.moe is None:
+        layer_s = layer_time_s(workload.mlp_width)
+    else:
+        n_moe = workload.moe_layers
+        dense_s = 0.0 if n_moe == n_layers else (n_layers - n_moe) * layer_time_s(
+            workload.mlp_width)
+        layer_s = (n_moe * layer_time_s(workload.expert_ffn_width) + dense_s) / n_layers
     output_s = 0.0 if vocab is None else microbatches * gemm.output_layer_time_s(
         cluster.gpu, workload.seq_len, layout.micro_batch, d_model, vocab,
         tensor_parallel=layout.tp) / layout.cp
@@ -407,10 +502,18 @@ def _optimizer_s(workload: Workload, cluster: ClusterSpec, layout: Layout,
     """Seconds of the optimizer step: :func:`optimizer_step_bytes_per_param` of the parameters
     a GPU updates over the datasheet's HBM bandwidth. A GPU holds ``N / (tp pp)`` of them; with
     ZeRO 1-3 (Megatron's distributed optimizer) it updates only its ``1/(dp cp)`` shard. It runs
-    after the gradients are reduced, so nothing hides it."""
-    params = workload.n_params / (layout.tp * layout.pp)
-    if layout.zero_stage > 0:
-        params /= layout.dp * layout.cp
+    after the gradients are reduced, so nothing hides it. With expert parallelism it holds
+    ``1/ep`` of the experts' parameters, and ZeRO shards those over ``dp cp / ep``."""
+    if layout.ep == 1:
+        params = workload.n_params / (layout.tp * layout.pp)
+        if layout.zero_stage > 0:
+            params /= layout.dp * layout.cp
+    else:
+        dense, experts = _params_per_gpu(workload, layout)
+        if layout.zero_stage > 0:
+            dense /= layout.dp * layout.cp
+            experts /= layout.dp * layout.cp // layout.ep
+        params = dense + experts
     nbytes = params * optimizer_step_bytes_per_param(assumptions.fp32_grad_accumulation)
     return nbytes / cluster.gpu.hbm_bytes_per_s
 
@@ -478,17 +581,33 @@ def _data_parallel(workload: Workload, cluster: ClusterSpec, layout: Layout,
     parameter all-gather), of which ``min(dp_overlap t, t_bwd)`` is hidden
     (:func:`hidden_all_reduce_s`; ``t_bwd``: the compute less its forward pass, a third of the
     model's FLOPs: 2/3 of it without recomputation, 3/4 with full recomputation).
+
+    Expert parallelism: the parameters outside the experts as above; the experts' ``N_e /
+    (tp pp ep)`` gradients in a second all-reduce over the ``dp cp / ep`` GPUs that hold the
+    same experts (:func:`_expert_dp_placement`; none when that group is one GPU), the two
+    summed before ZeRO-3's factor and the overlap. The estimate kept is the first's.
     """
     if layout.dp * layout.cp == 1:
         return 0.0, None
     grad_value_bytes = (memory.FP32_GRAD_BYTES if assumptions.fp32_grad_accumulation
                         else BYTES_PER_VALUE)
-    grad_bytes = workload.n_params / (layout.tp * layout.pp) * grad_value_bytes
+    if layout.ep == 1:
+        grad_bytes = workload.n_params / (layout.tp * layout.pp) * grad_value_bytes
+    else:
+        dense_params, expert_params = _params_per_gpu(workload, layout)
+        grad_bytes = dense_params * grad_value_bytes
     local, nodes = _dp_placement(layout, cluster)
     estimate = dp_all_reduce(grad_bytes, local, nodes, cluster)
     all_reduce_s = estimate.time_s
     if nodes > 1:     # the fabric's contention (fabric.contention_factor)
         all_reduce_s *= assumptions.dp_contention_factor
+    if layout.ep > 1:
+        expert_local, expert_nodes = _expert_dp_placement(layout, cluster)
+        experts = dp_all_reduce(expert_params * grad_value_bytes, expert_local, expert_nodes,
+                                cluster)
+        if experts is not None:
+            all_reduce_s += experts.time_s * (assumptions.dp_contention_factor
+                                              if expert_nodes > 1 else 1.0)
     dp_s = (1.5 if layout.zero_stage == 3 else 1.0) * all_reduce_s
     backward_s = compute_s * (1 - workload.flops_per_token / 3
                               / workload.hardware_flops_per_token)
@@ -543,6 +662,60 @@ def _context_parallel(workload: Workload, cluster: ClusterSpec, layout: Layout,
     return microbatches * (n_layers / layout.pp) * per_layer_s, gather
 
 
+def expert_all_to_all_bytes(workload: Workload, layout: Layout) -> int:
+    """Bytes of one dispatch (or combine) all-to-all per GPU: the buffer of ``E`` experts'
+    ``C`` slots of ``d`` BF16 values, ``C = ceil(capacity_factor * T k / E)`` for the
+    ``T = micro_batch * s / cp`` tokens a GPU routes per micro-batch::
+
+        E * ceil(capacity_factor * T * k / E) * d * 2 bytes
+
+    :func:`clusterlab.parallel.experts.all_to_all_bytes`'s formula (the buffer nccl-tests
+    counts). The planner cannot import that module (it is device code, above the analytical
+    layer), so tests/test_plan_experts.py holds the two equal. Every tp GPU of the group sends
+    its micro-batch's tokens whole (the experts are split over tp, so each tp rank's share of
+    an expert needs them).
+
+    Raises:
+        ValueError: for a dense workload.
+    """
+    if workload.moe is None:
+        raise ValueError("A dense workload has no all-to-all: give Workload.moe.")
+    moe = workload.moe
+    tokens = layout.micro_batch * workload.seq_len // layout.cp
+    capacity = math.ceil(moe.capacity_factor * tokens * moe.top_k / moe.n_experts)
+    return moe.n_experts * capacity * workload.shape[1] * BYTES_PER_VALUE
+
+
+def ep_all_to_alls_per_layer(recompute: str) -> int:
+    """All-to-alls per MoE layer and micro-batch: dispatch and combine forward, and each one's
+    transpose, another all-to-all, backward (4; JAX's rule for ``jax.lax.all_to_all``, as
+    :mod:`clusterlab.parallel.experts` says); full recomputation runs the forward's two once
+    more (6)."""
+    return 6 if recompute == "full" else 4
+
+
+def _expert_parallel(workload: Workload, cluster: ClusterSpec, layout: Layout,
+                     microbatches: int) -> tuple[float, costmodel.CollectiveEstimate | None]:
+    """Seconds of expert parallelism's all-to-alls and one all-to-all's estimate.
+
+    Per MoE layer of the stage (``n_moe / pp`` on average) and micro-batch,
+    :func:`ep_all_to_alls_per_layer` all-to-alls of :func:`expert_all_to_all_bytes`, each
+    priced by :func:`clusterlab.costmodel.cluster_collective` (``"all_to_all"``: grouped
+    send/receive, the course's estimate, not NCCL's tuning model) on the GPUs the ep group
+    spans (:func:`_ep_placement`), none hidden. The estimate is marked unvalidated: no
+    published MoE training row is in :func:`clusterlab.plan.validation_table`.
+    """
+    if layout.ep == 1:
+        return 0.0, None
+    local, nodes = _ep_placement(layout, cluster)
+    estimate = collective("all_to_all", expert_all_to_all_bytes(workload, layout),
+                          group_of(cluster, local, nodes))
+    estimate = replace(estimate, validated=False)
+    per_layer = ep_all_to_alls_per_layer(workload.recompute_policy)
+    return (microbatches * (workload.moe_layers / layout.pp) * per_layer * estimate.time_s,
+            estimate)
+
+
 def _storage(workload: Workload, cluster: ClusterSpec, rest_s: float) -> tuple[float, float]:
     """(seconds waited for storage, seconds to load a step's data): the step's ``tokens *
     bytes_per_token`` at the storage's read rate (:func:`clusterlab.storage.load_time_s`),
@@ -564,6 +737,8 @@ def predict(workload: Workload, cluster: ClusterSpec, layout: Layout,
       the last stage's, with the output layer when the workload has a vocabulary;
     * tensor parallel: Megatron's all-reduces per layer, each by
       :func:`clusterlab.costmodel.cluster_collective` on the ``tp`` GPUs of a node;
+    * expert parallel (ep > 1): per MoE layer two all-to-alls forward and two backward of the
+      dispatch buffers (:func:`expert_all_to_all_bytes`), unvalidated, not hidden;
     * pipeline sends: activations forward and gradients back, not hidden;
     * pipeline bubble: :func:`clusterlab.costmodel.pipeline_bubble_fraction` of the pipeline's
       time, ``(p-1)/(v m)`` of compute and tensor-parallel time;
@@ -575,7 +750,7 @@ def predict(workload: Workload, cluster: ClusterSpec, layout: Layout,
     Args:
         workload: what to train.
         cluster: the cluster; it needs ``storage_read_bytes_per_s``.
-        layout: the split; ``dp * tp * pp`` must equal ``cluster.n_gpus``.
+        layout: the split; ``dp * tp * pp * cp`` must equal ``cluster.n_gpus``.
         assumptions: software efficiencies.
 
     Returns:
@@ -594,12 +769,13 @@ def predict(workload: Workload, cluster: ClusterSpec, layout: Layout,
     compute_s, output_s = _compute_s(workload, cluster, layout, assumptions, m)
     tp_s, tp_estimate = _tensor_parallel(workload, cluster, layout, m)
     cp_s, cp_estimate = _context_parallel(workload, cluster, layout, m)
+    ep_s, ep_estimate = _expert_parallel(workload, cluster, layout, m)
     pp_s = _pipeline_sends_s(workload, cluster, layout, m)
-    bubble_s = _bubble_s(compute_s - output_s + tp_s + cp_s, layout, m)
+    bubble_s = _bubble_s(compute_s - output_s + tp_s + cp_s + ep_s, layout, m)
     dp_s, dp_estimate = _data_parallel(workload, cluster, layout, assumptions, compute_s)
     optimizer_s = _optimizer_s(workload, cluster, layout, assumptions)
-    wait_s, load_s = _storage(workload, cluster,
-                              compute_s + tp_s + cp_s + pp_s + bubble_s + dp_s + optimizer_s)
+    wait_s, load_s = _storage(workload, cluster, compute_s + tp_s + cp_s + ep_s + pp_s
+                              + bubble_s + dp_s + optimizer_s)
     limit_bytes = cluster.gpu.memory_bytes * (1 - assumptions.activation_reserve)
     return Plan(workload, cluster, layout, assumptions,
                 memory_bytes=states_bytes + activation_bytes, memory_limit_bytes=limit_bytes,
@@ -611,7 +787,8 @@ def predict(workload: Workload, cluster: ClusterSpec, layout: Layout,
                 model_flops_per_step=workload.tokens_per_step * workload.flops_per_token,
                 hardware_flops_per_step=(workload.tokens_per_step
                                          * workload.hardware_flops_per_token),
-                dp_estimate=dp_estimate, tp_estimate=tp_estimate, cp_estimate=cp_estimate)
+                dp_estimate=dp_estimate, tp_estimate=tp_estimate, cp_estimate=cp_estimate,
+                ep_comm_s=ep_s, ep_estimate=ep_estimate)
 
 
 def predict_published(run: training_runs.MfuRun, *, zero_stage: int = 1,

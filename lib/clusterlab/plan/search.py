@@ -3,10 +3,12 @@
 smallest cluster that meets a deadline (:func:`gpus_needed`); and tables of plans for a reader.
 
 The space covers tp (dividing a node), pp, dp (dividing the batch), the micro-batch size, the
-interleaved schedule's virtual stages, the recomputation policy, the ZeRO stage and context
-parallelism's cp (``SearchSpace.cp``, default ``(1,)``: none, so the default search and its
-time are those measured below). Expert parallelism is not a layout dimension: the planner has
-no mixture-of-experts workload.
+interleaved schedule's virtual stages, the recomputation policy, the ZeRO stage, context
+parallelism's cp (``SearchSpace.cp``, default ``(1,)``: none) and, for a workload with experts
+(``Workload.moe``), expert parallelism's ep (``SearchSpace.ep``, default ``(1,)``: none; its
+all-to-alls are unvalidated, no published MoE training row). With the defaults the search and
+its time are those measured below. ``SearchSpace.pp`` can narrow the pipeline depths (default:
+every divisor).
 
 Benchmark (2 December 2026, the course's 2-core build machine, shared with other helpers and a
 background test run, load average 1.2): a 70B model (``Workload(70e9, 4096, 1024,
@@ -23,7 +25,8 @@ from dataclasses import dataclass, field, replace
 
 from clusterlab import costmodel, memory
 from clusterlab.hardware import ClusterSpec
-from clusterlab.plan.prediction import Plan, broken_rule, predict
+from clusterlab.plan.prediction import (EP_TERM, Plan, broken_rule, ep_all_to_alls_per_layer,
+                                        predict)
 from clusterlab.gemm import RECOMPUTE_POLICIES
 from clusterlab.plan.workload import Assumptions, Layout, Workload
 
@@ -39,7 +42,8 @@ class SearchSpace:
     Rules (Megatron-LM's, :func:`clusterlab.plan.prediction.broken_rule`): a micro-batch size
     divides each replica's sequences; virtual stages > 1 need pp > 1, layers divisible by
     pp * v and micro-batches a multiple of pp; ZeRO > 0 needs dp * cp > 1; cp > 1 needs the
-    sequence divisible by 2 * cp and tp * cp dividing a node or a multiple of it.
+    sequence divisible by 2 * cp and tp * cp dividing a node or a multiple of it; ep > 1 needs
+    a workload with experts and ep dividing dp and the number of experts.
     """
 
     micro_batches: tuple[int, ...] = (1, 2, 4, 8)
@@ -48,9 +52,16 @@ class SearchSpace:
     zero_stages: tuple[int, ...] = memory.ZERO_STAGES
     #: context-parallel degrees; (1,): none (long sequences: e.g. (1, 2, 4, 8, 16))
     cp: tuple[int, ...] = (1,)
+    #: expert-parallel degrees, carved from dp; (1,): none (a workload with experts: e.g.
+    #: (1, 2, 4, 8))
+    ep: tuple[int, ...] = (1,)
+    #: pipeline depths to try; None: every divisor of the GPUs left by tp and cp
+    pp: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
-        for name in ("micro_batches", "virtual_stages", "cp"):
+        names = ("micro_batches", "virtual_stages", "cp", "ep") + (("pp",) if self.pp is not None
+                                                                  else ())
+        for name in names:
             values = getattr(self, name)
             if not values or any(not isinstance(v, int) or v < 1 for v in values):
                 raise ValueError(f"SearchSpace.{name} must be positive integers, got {values!r}.")
@@ -99,15 +110,19 @@ def _candidates(workload: Workload, cluster: ClusterSpec, space: SearchSpace):
                 dp = cluster.n_gpus // (tp * cp * pp)
                 if pp > n_layers or workload.global_batch % dp:
                     continue
+                if space.pp is not None and pp not in space.pp:
+                    continue
                 for policy in space.recompute:
                     policy_workload = replace(workload, recompute=policy)
                     for mbs in space.micro_batches:
                         for v in space.virtual_stages:
                             for stage in space.zero_stages:
-                                layout = Layout(dp=dp, tp=tp, pp=pp, zero_stage=stage,
-                                                micro_batch=mbs, virtual_stages=v, cp=cp)
-                                yield policy_workload, layout, broken_rule(
-                                    workload, layout, gpus_per_node=cluster.gpus_per_node)
+                                for ep in space.ep:
+                                    layout = Layout(dp=dp, tp=tp, pp=pp, zero_stage=stage,
+                                                    micro_batch=mbs, virtual_stages=v, cp=cp,
+                                                    ep=ep)
+                                    yield policy_workload, layout, broken_rule(
+                                        workload, layout, gpus_per_node=cluster.gpus_per_node)
 
 
 def candidate_layouts(workload: Workload, cluster: ClusterSpec,
@@ -163,9 +178,10 @@ def search_layouts(workload: Workload, cluster: ClusterSpec,
             continue
         plans.append(predict(policy_workload, cluster, layout, assumptions))
     if not plans:
+        rules = "; ".join(f"{n} {r}" for r, n in sorted(reasons.items()))
         raise ValueError(f"No layout of {cluster.n_gpus} GPUs divides the global batch of "
                          f"{workload.global_batch} sequences; use a GPU count or batch that "
-                         f"share powers of two.")
+                         f"share powers of two" + (f" (refused: {rules})." if rules else "."))
     fitting = [p for p in plans if p.fits]
     for p in plans:
         if not p.fits:
@@ -173,14 +189,18 @@ def search_layouts(workload: Workload, cluster: ClusterSpec,
                    f"{p.memory_bytes / 1e9:.1f} GB > {p.memory_limit_bytes / 1e9:.1f} GB usable")
     if not fitting:
         least = min(plans, key=lambda p: p.memory_bytes)
+        experts = ("" if workload.moe is None else
+                   f", expert parallelism (SearchSpace.ep: each GPU holds 1/ep of the "
+                   f"{workload.moe.n_experts} experts; tried {space.ep})")
         raise ValueError(
             f"No layout fits: the smallest, {layout_label(least)}, needs "
             f"{least.memory_bytes / 1e9:.1f} GB per GPU against "
             f"{least.memory_limit_bytes / 1e9:.1f} GB usable on a {cluster.gpu.name}; use more "
-            f"GPUs, GPUs with more memory, full recomputation or (long sequences) context "
-            f"parallelism (SearchSpace.cp).")
+            f"GPUs, GPUs with more memory, full recomputation{experts} or (long sequences) "
+            f"context parallelism (SearchSpace.cp).")
     fitting.sort(key=lambda p: (p.step_s, p.layout.zero_stage, p.layout.pp, p.layout.tp,
-                                p.layout.virtual_stages, p.layout.micro_batch, p.layout.cp))
+                                p.layout.virtual_stages, p.layout.micro_batch, p.layout.cp,
+                                p.layout.ep))
     shown = fitting[:limit] if limit else fitting
     for p in fitting[len(shown):]:
         refuse("fits, slower than the shown ones", p.layout, p.workload.recompute_policy,
@@ -251,12 +271,15 @@ def gpus_needed(workload: Workload, cluster: ClusterSpec,
 
 
 def format_plans(plans: list[Plan]) -> str:
-    """A fixed-width table of plans: the layout (dp, tp, pp, and cp where > 1; micro-batch
-    size, virtual stages, recomputation policy, ZeRO stage), memory, step parts (opt: the
-    optimizer step; cp: context parallelism's K/V collectives, a column only when some plan has
-    cp > 1), MFU, days, bottleneck."""
+    """A fixed-width table of plans: the layout (dp, tp, pp, and cp and ep where > 1;
+    micro-batch size, virtual stages, recomputation policy, ZeRO stage), memory, step parts
+    (opt: the optimizer step; cp: context parallelism's K/V collectives, a column only when
+    some plan has cp > 1; ep a2a: expert parallelism's all-to-alls, unvalidated, a column only
+    when some plan has ep > 1), MFU, days, bottleneck."""
     with_cp = any(p.layout.cp > 1 for p in plans)
+    with_ep = any(p.layout.ep > 1 for p in plans)
     cp_header = f" {'cp':>7}" if with_cp else ""
+    cp_header += f" {'ep a2a':>7}" if with_ep else ""
     header = (f"{'layout':<17} {'mbs':>3} {'v':>2} {'recompute':<9} {'ZeRO':>4} {'mem GB':>7} "
               f"{'compute':>8} {'tp':>7}{cp_header} {'pp':>7} {'bubble':>7} {'dp':>7} {'opt':>7} "
               f"{'data':>7} {'step s':>8} {'MFU':>6} {'days':>7}  {'network model':<13}  "
@@ -267,7 +290,10 @@ def format_plans(plans: list[Plan]) -> str:
         grid = f"dp{p.layout.dp} tp{p.layout.tp} pp{p.layout.pp}"
         if p.layout.cp > 1:
             grid += f" cp{p.layout.cp}"
+        if p.layout.ep > 1:
+            grid += f" ep{p.layout.ep}"
         cp_cell = f" {p.cp_comm_s:7.3f}" if with_cp else ""
+        cp_cell += f" {p.ep_comm_s:7.3f}" if with_ep else ""
         lines.append(
             f"{grid:<17} {p.layout.micro_batch:3d} {p.layout.virtual_stages:2d} "
             f"{p.workload.recompute_policy:<9} {p.layout.zero_stage:4d} "
@@ -278,6 +304,10 @@ def format_plans(plans: list[Plan]) -> str:
     lines.append(f"# all-reduces priced by NCCL {costmodel.NCCL_RELEASE}'s tuning model "
                  f"(costmodel.cluster_collective); 'unvalidated': no published rows in that "
                  f"regime (costmodel.validation_by_regime)")
+    if with_ep:
+        lines.append("# ep a2a: expert parallelism's all-to-alls (costmodel.cluster_collective's "
+                     "grouped send/receive), unvalidated: no published MoE training row in "
+                     "plan.validation_table()")
     return "\n".join(lines)
 
 
@@ -285,8 +315,12 @@ def describe_plan(plan: Plan) -> str:
     """Several lines that summarize one plan for a reader."""
     w, cluster = plan.workload, plan.hardware
     n_layers, d_model = w.shape
+    experts = ("" if w.moe is None else
+               f", {w.moe_layers} MoE layers of {w.moe.n_experts} experts (top-{w.moe.top_k}, "
+               f"expert MLP {w.moe.expert_mlp_width}) holding {w.expert_params:.3g} of "
+               f"them")
     lines = [
-        f"workload: {w.n_params:.3g} parameters ({n_layers} layers x {d_model}), "
+        f"workload: {w.n_params:.3g} parameters ({n_layers} layers x {d_model}{experts}), "
         f"{w.global_batch} x {w.seq_len} = {w.tokens_per_step:,} tokens per step",
         f"hardware: {cluster.n_gpus} x {cluster.gpu.name} ({cluster.n_nodes} nodes of "
         f"{cluster.gpus_per_node}); node {cluster.node_link_bytes_per_s / 1e9:.0f} GB/s, fabric "
@@ -307,6 +341,14 @@ def describe_plan(plan: Plan) -> str:
                 f"regime {estimate.regime}: "
                 + ("validated against published rows" if estimate.validated else
                    "unvalidated (no published rows in this regime)"))
+    if plan.ep_estimate is not None:
+        e = plan.ep_estimate
+        lines.append(
+            f"{EP_TERM}: {plan.ep_comm_s:.3f} s per step, "
+            f"{ep_all_to_alls_per_layer(w.recompute_policy)} per MoE layer and micro-batch of "
+            f"{e.nbytes / 2**20:.1f} MiB per GPU, each {e.time_s * 1e3:.2f} ms "
+            f"(costmodel.cluster_collective's grouped send/receive over {e.n_nodes} node(s) of "
+            f"{e.gpus_per_node}); no published MoE training row in plan.validation_table()")
     if plan.time_to_train_s is not None:
         lines.append(f"time to train {w.n_tokens:.3g} tokens: "
                      f"{plan.time_to_train_s / 86400:.1f} days")

@@ -1,6 +1,20 @@
-"""The planner's inputs: what to train (:class:`Workload`), on what (:func:`cluster`, a
-:class:`clusterlab.hardware.ClusterSpec`), split how (:class:`Layout`), and what the datasheets
-cannot say (:class:`Assumptions`)."""
+"""The planner's inputs: what to train (:class:`Workload`, with :class:`MoE` for a mixture of
+experts), on what (:func:`cluster`, a :class:`clusterlab.hardware.ClusterSpec`), split how
+(:class:`Layout`), and what the datasheets cannot say (:class:`Assumptions`).
+
+References:
+    Jiang et al., "Mixtral of Experts", 2024, section 2 and Table 1 (gated SwiGLU experts, top-2
+    of 8). https://arxiv.org/abs/2401.04088
+    DeepSpeed, deepspeed/utils/groups.py, ``_create_expert_and_data_parallel``: with 16
+    data-parallel ranks and expert-parallel size 2 the expert-parallel groups are [0, 1],
+    [2, 3], ... (all-to-all), the expert-data-parallel groups [0, 2, 4, ...], [1, 3, ...]
+    (the all-reduce of the experts' gradients) and the data-parallel group all 16 (the
+    all-reduce of the other parameters). https://github.com/deepspeedai/DeepSpeed
+    Megatron Core, "Mixture of Experts" (MoE) user guide: the expert-parallel size divides the
+    data-parallel size and the number of experts; expert tensor parallelism defaults to the
+    tensor-parallel size (Megatron Core 0.x; the planner follows it, the guide was not re-read
+    for this change). https://docs.nvidia.com/megatron-core/developer-guide/latest/api-guide/moe.html
+"""
 
 from __future__ import annotations
 
@@ -19,9 +33,51 @@ from clusterlab.plan.step import model_shape
 #: one one more forward of everything.
 
 
+#: Weight matrices of one expert MLP: gated (SwiGLU: gate, up and down, each d x f), as in
+#: Mixtral (Jiang et al. 2024, section 2.1) and DeepSeek-V3.
+EXPERT_MATRICES = 3
+
+
+@dataclass(frozen=True)
+class MoE:
+    """The mixture-of-experts part of a :class:`Workload`: in each MoE layer the MLP is
+    ``n_experts`` gated expert MLPs of width ``expert_mlp_width`` (``3 d f`` parameters each,
+    :data:`EXPERT_MATRICES`), of which a router picks ``top_k`` per token.
+
+    Mixtral 8x7B (Jiang et al. 2024, Table 1): ``MoE(n_experts=8, top_k=2,
+    expert_mlp_width=14336)``, every one of its 32 layers of width 4096.
+    """
+
+    n_experts: int                   # E, experts per MoE layer
+    top_k: int                       # k, experts each token runs
+    expert_mlp_width: int            # f, hidden width of one expert MLP
+    #: layers whose MLP is a mixture of experts; None: every layer
+    n_moe_layers: int | None = None
+    #: slots per expert, C = ceil(capacity_factor * T k / E) of a device's T tokens: the size
+    #: of the dispatch buffers the all-to-alls carry (clusterlab.parallel.experts)
+    capacity_factor: float = 1.0
+
+    def __post_init__(self) -> None:
+        count("n_experts", self.n_experts)
+        count("top_k", self.top_k)
+        count("expert_mlp_width", self.expert_mlp_width)
+        if self.n_moe_layers is not None:
+            count("n_moe_layers", self.n_moe_layers)
+        if self.top_k > self.n_experts:
+            raise ValueError(f"top_k ({self.top_k}) exceeds the {self.n_experts} experts: a "
+                             f"token cannot run more experts than there are; give top_k <= "
+                             f"n_experts.")
+        positive("capacity_factor", self.capacity_factor)
+
+
 @dataclass(frozen=True)
 class Workload:
-    """What to train: a dense decoder-only transformer and its data.
+    """What to train: a decoder-only transformer, dense or with a mixture of experts (``moe``),
+    and its data.
+
+    A mixture-of-experts workload gives ``n_params`` as every parameter, the experts' included
+    (Mixtral 8x7B: 46.7e9); its MoE layers hold attention and the experts, its other layers
+    attention and a dense MLP (:attr:`mlp_width`).
 
     Give ``n_tokens`` (time to train is predicted), ``time_budget_s`` (tokens trainable in the
     budget are predicted), or both (:func:`clusterlab.plan.gpus_needed` sizes the cluster to
@@ -46,6 +102,8 @@ class Workload:
     vocab_size: int | None = None
     #: a Recompute policy; True means "full" and False "flash" (see RECOMPUTE_POLICIES)
     recompute: bool | Recompute = False
+    #: the mixture of experts; None: a dense model (priced exactly as before MoE existed)
+    moe: MoE | None = None
 
     def __post_init__(self) -> None:
         positive("n_params", self.n_params)
@@ -73,6 +131,23 @@ class Workload:
         if not isinstance(self.recompute, bool) and self.recompute not in RECOMPUTE_POLICIES:
             raise ValueError(f"recompute must be True, False or one of {RECOMPUTE_POLICIES}, "
                              f"got {self.recompute!r}.")
+        if self.moe is not None:
+            if not isinstance(self.moe, MoE):
+                raise ValueError(f"moe must be a plan.MoE (or None for a dense model), got "
+                                 f"{self.moe!r}.")
+            n_layers = self.shape[0]
+            if self.moe.n_moe_layers is not None and self.moe.n_moe_layers > n_layers:
+                raise ValueError(f"moe.n_moe_layers ({self.moe.n_moe_layers}) exceeds the "
+                                 f"{n_layers} layers; give at most n_layers (or None: every "
+                                 f"layer).")
+            if self.expert_params >= self.n_params:
+                raise ValueError(f"The {self.moe_layers} x {self.moe.n_experts} experts hold "
+                                 f"{self.expert_params:.4g} parameters, not fewer than the "
+                                 f"{self.n_params:.4g} given: n_params counts every parameter, "
+                                 f"the experts' included (Mixtral 8x7B: 46.7e9).")
+            self.flops_per_token          # checks the MoE shape once more (flops' own rules)
+            if self.moe_layers < n_layers:
+                self.mlp_width            # raises when the dense layers have no MLP left
 
     @property
     def recompute_policy(self) -> Recompute:
@@ -92,14 +167,57 @@ class Workload:
         """The MLP width ``f`` that gives a layer its share of the parameters: ``N/L`` less
         attention's ``4 d^2``, over the MLP's two ``d x f`` matrices (``4 d`` for a GPT-style
         model of ``12 L d^2``), so that a layer's GEMMs (:func:`clusterlab.gemm.
-        transformer_layer_gemms`) count :attr:`hardware_flops_per_token`."""
+        transformer_layer_gemms`) count :attr:`hardware_flops_per_token`.
+
+        With experts, the dense layers' MLP: the parameters outside the experts less every
+        layer's attention, over the ``L - n_moe`` dense layers' two ``d x f`` matrices."""
         n_layers, d_model = self.shape
-        width = (self.n_params / n_layers - 4.0 * d_model**2) / (2.0 * d_model)
+        if self.moe is None:
+            width = (self.n_params / n_layers - 4.0 * d_model**2) / (2.0 * d_model)
+        else:
+            dense_layers = n_layers - self.moe_layers
+            if dense_layers == 0:
+                raise ValueError("Every layer is a mixture of experts: the workload has no "
+                                 "dense MLP (see expert_ffn_width).")
+            width = ((self.n_params - self.expert_params - 4.0 * d_model**2 * n_layers)
+                     / (2.0 * d_model * dense_layers))
         if width <= 0:
             raise ValueError(f"{self.n_params:.3g} parameters over {n_layers} layers leave no "
-                             f"MLP beside attention's 4 d^2 (d = {d_model}); give fewer layers "
-                             f"or a narrower d_model.")
+                             f"MLP beside attention's 4 d^2 (d = {d_model})"
+                             + ("" if self.moe is None else " and the experts")
+                             + "; give fewer layers or a narrower d_model.")
         return width
+
+    @property
+    def moe_layers(self) -> int:
+        """Layers whose MLP is a mixture of experts: 0 for a dense model, ``n_layers`` when
+        ``moe.n_moe_layers`` is None."""
+        if self.moe is None:
+            return 0
+        return self.moe.n_moe_layers if self.moe.n_moe_layers is not None else self.shape[0]
+
+    @property
+    def params_per_expert(self) -> float:
+        """Parameters of one expert MLP: ``EXPERT_MATRICES * d * f`` (0 for a dense model)."""
+        if self.moe is None:
+            return 0.0
+        return float(EXPERT_MATRICES * self.shape[1] * self.moe.expert_mlp_width)
+
+    @property
+    def expert_params(self) -> float:
+        """Parameters of all experts: ``n_moe_layers * E * params_per_expert`` (0 dense)."""
+        if self.moe is None:
+            return 0.0
+        return self.moe_layers * self.moe.n_experts * self.params_per_expert
+
+    @property
+    def expert_ffn_width(self) -> float:
+        """The width of the planner's two-matrix MLP (:func:`clusterlab.gemm.
+        transformer_layer_gemms`) with the FLOPs of the ``top_k`` gated experts a token runs:
+        ``k * EXPERT_MATRICES * f / 2`` (``4 d f_2 = 2 k * 3 d f`` FLOPs forward)."""
+        if self.moe is None:
+            raise ValueError("A dense workload has no experts (Workload.moe is None).")
+        return self.moe.top_k * EXPERT_MATRICES * self.moe.expert_mlp_width / 2
 
     @property
     def heads(self) -> int:
@@ -123,9 +241,16 @@ class Workload:
 
     @property
     def flops_per_token(self) -> float:
-        """Model FLOPs per trained token, attention included (PaLM's accounting)."""
+        """Model FLOPs per trained token, attention included (PaLM's accounting); with experts,
+        of the parameters a token uses (:func:`clusterlab.flops.moe_flops_per_token`)."""
         n_layers, d_model = self.shape
-        return flops.transformer_flops_per_token(self.n_params, n_layers, self.seq_len, d_model)
+        if self.moe is None:
+            return flops.transformer_flops_per_token(self.n_params, n_layers, self.seq_len,
+                                                     d_model)
+        return flops.moe_flops_per_token(self.n_params, n_layers, self.seq_len, d_model,
+                                         n_moe_layers=self.moe_layers,
+                                         n_experts=self.moe.n_experts, top_k=self.moe.top_k,
+                                         params_per_expert=self.params_per_expert)
 
     @property
     def hardware_flops_per_token(self) -> float:
@@ -178,7 +303,8 @@ def cluster(gpu: str, n_gpus: int, *, storage_read_bytes_per_s: float, gpus_per_
 
 @dataclass(frozen=True)
 class Layout:
-    """How the GPUs split the work: ``dp * tp * pp * cp`` GPUs.
+    """How the GPUs split the work: ``dp * tp * pp * cp`` GPUs (expert parallelism uses no
+    GPUs of its own: its ``ep`` ranks are data-parallel ranks).
 
     Placement, innermost first: tensor parallelism (its GPUs share a node), then context
     parallelism, then data, then pipeline. Tensor, data and pipeline keep Megatron-LM's order
@@ -192,6 +318,16 @@ class Layout:
     group holds ``s / cp`` tokens of each sequence (zig-zag: chunks ``i`` and ``2 cp - 1 - i`` of
     ``2 cp``, so the causal attention work is the same on every GPU), and replicates the
     parameters and optimizer state of its tp/pp shard; see :func:`clusterlab.plan.predict`.
+
+    Expert parallelism (``ep`` > 1, a workload with ``moe``) follows DeepSpeed's groups and
+    Megatron Core (see the module's references): the ``ep`` GPUs of an expert-parallel group are ``ep`` consecutive
+    data-parallel ranks (same tp, cp and pp ranks), so ``ep`` divides ``dp`` and the number of
+    experts, and each GPU holds ``E / ep`` experts of every MoE layer of its stage. The
+    experts are also split over tp as the dense MLP is (Megatron Core's expert tensor
+    parallelism at its default, the tp size): a GPU holds ``1 / (tp pp ep)`` of the experts'
+    parameters. Their gradients are reduced over the ``dp cp / ep`` GPUs that hold the same
+    experts; the dense parameters' over ``dp cp`` as before. Per MoE layer two all-to-alls run
+    forward (dispatch, combine) and two backward; see :func:`clusterlab.plan.predict`.
     """
 
     dp: int = 1                  # data-parallel replicas
@@ -205,9 +341,11 @@ class Layout:
     sequence_parallel: bool = True
     #: context-parallel GPUs: each holds s / cp tokens of every sequence (1: none)
     cp: int = 1
+    #: expert-parallel GPUs, carved from the dp ranks: each holds E / ep experts (1: none)
+    ep: int = 1
 
     def __post_init__(self) -> None:
-        for name in ("dp", "tp", "pp", "micro_batch", "virtual_stages", "cp"):
+        for name in ("dp", "tp", "pp", "micro_batch", "virtual_stages", "cp", "ep"):
             count(name, getattr(self, name))
         if self.zero_stage not in memory.ZERO_STAGES:
             raise ValueError(f"zero_stage must be one of {memory.ZERO_STAGES}, got "
@@ -221,7 +359,9 @@ class Layout:
     def __str__(self) -> str:
         chunks = f" v{self.virtual_stages}" if self.virtual_stages > 1 else ""
         context = f" cp{self.cp}" if self.cp > 1 else ""
-        return f"dp{self.dp} tp{self.tp} pp{self.pp}{context}{chunks} ZeRO-{self.zero_stage}"
+        experts = f" ep{self.ep}" if self.ep > 1 else ""
+        return (f"dp{self.dp} tp{self.tp} pp{self.pp}{context}{experts}{chunks} "
+                f"ZeRO-{self.zero_stage}")
 
 
 @dataclass(frozen=True)
