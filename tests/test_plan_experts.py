@@ -380,3 +380,15 @@ def test_cli_prices_the_expert_parallel_degrees_it_is_given():
                          "--top-k", "2"])
     assert code == 2 and "give --experts too" in err
     print(term)
+
+
+def test_cli_without_a_pipeline_needs_expert_parallelism():
+    # as test_search_finds_no_layout_without_ep_and_one_with_ep_8, from the command line
+    code, _, err = _cli(MIXTRAL_ARGS + ["--pipeline-parallel", "1"])
+    assert code == 2 and "expert parallelism (SearchSpace.ep" in err, err
+    code, out, _ = _cli(MIXTRAL_ARGS + ["--pipeline-parallel", "1", "--expert-parallel", "1,8"])
+    assert code == 0
+    best = next(line for line in out.splitlines() if line.startswith("layout:"))
+    assert " pp1 ep8 " in best, best
+    rows = [line for line in out.splitlines() if line.startswith("dp")]
+    assert rows and all(" pp1 " in row for row in rows)

@@ -218,6 +218,8 @@ def _plan_parser(commands) -> None:
     plan.add_argument("--expert-parallel", type=_positive_ints, default=_SPACE.ep,
                       help="expert-parallel degrees to search, carved from dp, e.g. 1,8 (1: "
                            "none; needs --experts); its all-to-alls are unvalidated")
+    plan.add_argument("--pipeline-parallel", type=_positive_ints, default=_SPACE.pp,
+                      help="pipeline depths to search, e.g. 1,2 (default: every divisor)")
     plan.add_argument("--experts", type=int, help="experts per MoE layer (default: a dense "
                                                   "model), e.g. 8")
     plan.add_argument("--top-k", type=int, help="experts each token runs (with --experts; 2)")
@@ -312,7 +314,7 @@ def _plan(args: argparse.Namespace) -> None:
                              virtual_stages=args.virtual_stages,
                              recompute=args.recompute or RECOMPUTE_POLICIES,
                              zero_stages=args.zero, cp=args.context_parallel,
-                             ep=args.expert_parallel)
+                             ep=args.expert_parallel, pp=args.pipeline_parallel)
     assumptions = plan.Assumptions(compute_efficiency=args.efficiency, dp_overlap=args.overlap,
                                    activation_reserve=args.reserve)
     if args.gpus is None:
