@@ -34,7 +34,7 @@ LAYERS = {
     # 1. catalog
     "hardware": CATALOG, "published": CATALOG, "_checks": CATALOG,
     # 2. analytical models: NumPy, no JAX (tables formats text and sizes, with no JAX either)
-    "costmodel": ANALYTICAL, "plan": ANALYTICAL, "serving": ANALYTICAL,
+    "costmodel": ANALYTICAL, "plan": ANALYTICAL, "serving": ANALYTICAL, "moe": ANALYTICAL,
     "memory": ANALYTICAL, "flops": ANALYTICAL, "storage": ANALYTICAL,
     "reliability": ANALYTICAL, "fabric": ANALYTICAL, "topology": ANALYTICAL,
     "schedule": ANALYTICAL, "tables": ANALYTICAL, "gemm": ANALYTICAL,

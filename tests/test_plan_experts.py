@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from clusterlab import costmodel, flops, gemm, memory, plan
+from clusterlab import costmodel, flops, gemm, memory, moe, plan
 from clusterlab.parallel import experts
 from clusterlab.plan import prediction
 from clusterlab.plan.search import SearchSpace, search_layouts
@@ -246,7 +246,7 @@ def test_search_finds_no_layout_without_ep_and_one_with_ep_8():
 @pytest.mark.parametrize("tp, dp, nodes", [(8, 8, 8), (1, 64, 1), (4, 16, 4)])
 def test_all_to_all_term_equals_the_formula_and_grows_with_top_k(tp, dp, nodes):
     """Per MoE layer and micro-batch 4 all-to-alls (6 with full recomputation) of
-    parallel.experts.all_to_all_bytes' buffer, each cluster_collective's on the GPUs the ep
+    clusterlab.moe.all_to_all_bytes' buffer, each cluster_collective's on the GPUs the ep
     group spans: 8 consecutive dp ranks, one node when tp = 1, else across nodes with their
     share of the NICs. The buffer, and the term, grow with k."""
     c = _cluster(64)
@@ -280,9 +280,9 @@ def test_all_to_all_term_equals_the_formula_and_grows_with_top_k(tp, dp, nodes):
 
 @pytest.mark.parametrize("tokens, cf, k", [(4096, 1.0, 2), (1000, 1.25, 2), (7, 2.0, 3),
                                            (2048, 0.5, 8)])
-def test_all_to_all_bytes_equal_parallel_experts(tokens, cf, k):
-    """The planner's copy of the buffer formula (it may not import device code) against
-    parallel.experts.all_to_all_bytes, capacity rounding included."""
+def test_all_to_all_bytes_are_the_buffer_of_the_layer_lab_13_runs(tokens, cf, k):
+    """The planner's buffer is parallel.experts' (one function, clusterlab.moe's, which lab 13
+    checks against the compiled layer), E * ceil(cf T k / E) * d * 2 with the rounding."""
     w = replace(MIXTRAL, seq_len=tokens,
                 moe=plan.MoE(16, k, 14336, n_moe_layers=1, capacity_factor=cf))
     got = prediction.expert_all_to_all_bytes(w, plan.Layout(dp=16, tp=8, ep=8))
@@ -290,6 +290,7 @@ def test_all_to_all_bytes_equal_parallel_experts(tokens, cf, k):
                                     capacity_factor=cf, bytes_per_element=2)
     assert got == want
     assert got == 16 * math.ceil(cf * tokens * k / 16) * 4096 * 2
+    assert experts.all_to_all_bytes is moe.all_to_all_bytes   # one function, re-exported
 
 
 def test_expert_gradients_are_reduced_over_the_gpus_that_hold_the_same_experts():

@@ -15,7 +15,9 @@ al. 2021). This module holds one such layer three ways:
   times k). Assignments are served first-come in token order (token 0's k choices in rank order,
   then token 1's, ...); those beyond an expert's ``C`` are *dropped*: that choice adds nothing to
   the token's output (the layer around it keeps the residual). :func:`predicted_dropped` counts
-  them from the assignments alone: ``sum_e max(0, n_e - C)`` per group.
+  them from the assignments alone: ``sum_e max(0, n_e - C)`` per group. These counts, and the
+  all-to-all's bytes, are NumPy-only and live in :mod:`clusterlab.moe` (re-exported here), so
+  the planner prices expert parallelism with the same functions.
 * the auxiliary load-balancing loss of Switch (Fedus et al. 2021, Eq. 4 to 6):
   ``E * sum_e f_e * P_e``, with ``f_e`` the fraction of the k * T assignments routed to expert
   e (before dropping) and ``P_e`` the mean router probability of e over the T tokens; it is 1
@@ -57,6 +59,7 @@ import numpy as np
 from jax.sharding import Mesh, PartitionSpec as P
 
 from clusterlab import collectives
+from clusterlab.moe import all_to_all_bytes, check_routing, expert_capacity, predicted_dropped
 from clusterlab.parallel._common import check_divisible
 
 __all__ = ["DISPATCH_COMBINE", "Masks", "MoEOps", "MoEOutput", "Routing", "all_to_all_bytes",
@@ -116,69 +119,7 @@ class MoEOutput(NamedTuple):
     expert_load: jax.Array  # i32[E] assignments routed to each expert, before dropping
 
 
-# --- pure functions: capacity, drops, bytes, the straggler ----------------------------------
-
-def expert_capacity(tokens: int, *, n_experts: int, top_k: int, capacity_factor: float) -> int:
-    """Slots per expert for one group: ``ceil(capacity_factor * tokens * top_k / n_experts)``.
-
-    Args:
-        tokens: tokens routed together (one device's tokens under expert parallelism).
-        n_experts: E.
-        top_k: k, experts per token.
-        capacity_factor: 1.0 gives exactly the even share; above 1 leaves headroom.
-
-    Raises:
-        ValueError: for a capacity factor <= 0, k > E or k < 1, or no tokens.
-    """
-    _check_routing_args(n_experts, top_k, capacity_factor)
-    if tokens < 1:
-        raise ValueError(f"An MoE layer needs at least one token per group, got {tokens}.")
-    return math.ceil(capacity_factor * tokens * top_k / n_experts)
-
-
-def predicted_dropped(expert: np.ndarray, capacity: int, n_experts: int) -> int:
-    """Assignments a capacity of ``capacity`` drops, counted from the router's choices alone.
-
-    Args:
-        expert: i32[G, T, k] (or [T, k] for one group): the experts chosen per token.
-        capacity: C, slots per expert per group.
-        n_experts: E.
-
-    Returns:
-        ``sum over groups and experts of max(0, n_ge - C)``, n_ge the assignments of group g to
-        expert e. The order of service decides *which* are dropped, not how many.
-    """
-    expert = np.asarray(expert)
-    if expert.ndim == 2:
-        expert = expert[None]
-    if expert.ndim != 3:
-        raise ValueError(f"expert must be [groups, tokens, k] or [tokens, k], got shape "
-                         f"{expert.shape}.")
-    counts = np.stack([np.bincount(g.ravel(), minlength=n_experts) for g in expert])  # [G, E]
-    return int(np.maximum(counts - capacity, 0).sum())
-
-
-def all_to_all_bytes(tokens_per_device: int, *, d_model: int, n_experts: int, top_k: int,
-                     capacity_factor: float, bytes_per_element: int = 4) -> int:
-    """Bytes of one dispatch (or combine) all-to-all per device: ``E * C * D * b``.
-
-    That is the all-to-all's buffer (the size nccl-tests reports and the compiled program's
-    result shape): ``E`` experts of ``C`` slots of ``D`` values, so about
-    ``capacity_factor * k * T * D * b``. A device keeps ``1/p`` of it and sends ``(p-1)/p``
-    (:func:`clusterlab.costmodel.collective_steps_and_bytes`).
-
-    Args:
-        tokens_per_device: T, tokens each device routes.
-        d_model: D.
-        n_experts: E.
-        top_k: k.
-        capacity_factor: as in :func:`expert_capacity`.
-        bytes_per_element: 4 for float32, 2 for bf16.
-    """
-    capacity = expert_capacity(tokens_per_device, n_experts=n_experts, top_k=top_k,
-                               capacity_factor=capacity_factor)
-    return n_experts * capacity * d_model * bytes_per_element
-
+# --- the straggler (capacity, drops and bytes are clusterlab.moe's, re-exported) --------------
 
 def straggler_factor(expert_load: np.ndarray, n_devices: int) -> float:
     """Modelled: the step's expert compute over the balanced case, ``max_device / mean_device``.
@@ -237,15 +178,6 @@ _TOKENS_MESSAGE = (
     "{parts} devices. Use a token count that is a multiple of {parts} (e.g. {multiple}).")
 
 
-def _check_routing_args(n_experts: int, top_k: int, capacity_factor: float) -> None:
-    if not 1 <= top_k <= n_experts:
-        raise ValueError(f"top_k must be between 1 and the number of experts ({n_experts}), "
-                         f"got {top_k}: a token cannot pick more experts than there are.")
-    if not capacity_factor > 0:
-        raise ValueError(f"capacity_factor must be > 0, got {capacity_factor}: it scales each "
-                         "expert's share of the tokens (1.0 is exactly the even share).")
-
-
 def check_moe(params: Params, x: jax.typing.ArrayLike, *, top_k: int,
               capacity_factor: float) -> None:
     """Raise a ValueError naming the fix for a bad MoE layer or call.
@@ -266,7 +198,7 @@ def check_moe(params: Params, x: jax.typing.ArrayLike, *, top_k: int,
     if np.ndim(x) != 2 or np.shape(x)[1] != d_model:
         raise ValueError(f"x must be tokens [T, D={d_model}], got shape {np.shape(x)}; "
                          "flatten batch and sequence into T first.")
-    _check_routing_args(n_experts, top_k, capacity_factor)
+    check_routing(n_experts, top_k, capacity_factor)
 
 
 def init_moe(key: jax.Array, *, d_model: int, d_hidden: int, n_experts: int) -> Params:

@@ -23,9 +23,10 @@ References:
     Expert parallelism: DeepSpeed's expert-parallel and expert-data-parallel groups
     (deepspeed/utils/groups.py, ``_create_expert_and_data_parallel``) and Megatron Core's MoE
     guide (see :mod:`clusterlab.plan.workload`); the all-to-all's buffer is
-    :func:`clusterlab.parallel.experts.all_to_all_bytes`'s (GShard, Lepikhin et al. 2021;
-    Switch, Fedus et al. 2021). No published MoE training run is in
-    :func:`clusterlab.plan.validation_table`: the expert-parallel terms are unvalidated.
+    :func:`clusterlab.moe.all_to_all_bytes` (GShard, Lepikhin et al. 2021; Switch, Fedus et al.
+    2021), the function lab 13 checks against the compiled expert-parallel layer. No published
+    MoE training run is in :func:`clusterlab.plan.validation_table`: the expert-parallel terms
+    are unvalidated.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, replace
 
-from clusterlab import costmodel, flops, gemm, memory, storage
+from clusterlab import costmodel, flops, gemm, memory, moe, storage
 from clusterlab.hardware import ClusterSpec
 from clusterlab.plan._network import all_reduce, collective, group_of
 from clusterlab.plan.step import hidden_all_reduce_s
@@ -665,25 +666,21 @@ def _context_parallel(workload: Workload, cluster: ClusterSpec, layout: Layout,
 def expert_all_to_all_bytes(workload: Workload, layout: Layout) -> int:
     """Bytes of one dispatch (or combine) all-to-all per GPU: the buffer of ``E`` experts'
     ``C`` slots of ``d`` BF16 values, ``C = ceil(capacity_factor * T k / E)`` for the
-    ``T = micro_batch * s / cp`` tokens a GPU routes per micro-batch::
-
-        E * ceil(capacity_factor * T * k / E) * d * 2 bytes
-
-    :func:`clusterlab.parallel.experts.all_to_all_bytes`'s formula (the buffer nccl-tests
-    counts). The planner cannot import that module (it is device code, above the analytical
-    layer), so tests/test_plan_experts.py holds the two equal. Every tp GPU of the group sends
-    its micro-batch's tokens whole (the experts are split over tp, so each tp rank's share of
-    an expert needs them).
+    ``T = micro_batch * s / cp`` tokens a GPU routes per micro-batch
+    (:func:`clusterlab.moe.all_to_all_bytes`, the buffer nccl-tests counts). Every tp GPU of
+    the group sends its micro-batch's tokens whole (the experts are split over tp, so each tp
+    rank's share of an expert needs them).
 
     Raises:
         ValueError: for a dense workload.
     """
     if workload.moe is None:
         raise ValueError("A dense workload has no all-to-all: give Workload.moe.")
-    moe = workload.moe
-    tokens = layout.micro_batch * workload.seq_len // layout.cp
-    capacity = math.ceil(moe.capacity_factor * tokens * moe.top_k / moe.n_experts)
-    return moe.n_experts * capacity * workload.shape[1] * BYTES_PER_VALUE
+    spec = workload.moe
+    return moe.all_to_all_bytes(layout.micro_batch * workload.seq_len // layout.cp,
+                                d_model=workload.shape[1], n_experts=spec.n_experts,
+                                top_k=spec.top_k, capacity_factor=spec.capacity_factor,
+                                bytes_per_element=BYTES_PER_VALUE)
 
 
 def ep_all_to_alls_per_layer(recompute: str) -> int:
