@@ -3,11 +3,14 @@
 Rules every measurement here follows: compile and warm up first, block until the result is
 ready, repeat, and report the median with the spread (25th to 75th percentile). Numbers from
 simulated CPU devices measure this host, not a GPU fabric: compare them with the host's own
-ceiling (:func:`memcpy_bandwidth`) measured in the same run.
+ceiling (:func:`memcpy_bandwidth`) measured in the same run. The same holds for matmuls: each
+GEMM of a layer (:func:`clusterlab.gemm.transformer_layer_gemms`) is timed against the device's
+roofline measured in the same run (:func:`measure_roofline`, :func:`time_gemms`).
 """
 
 from __future__ import annotations
 
+import functools
 import time
 import warnings
 from dataclasses import dataclass
@@ -26,6 +29,7 @@ with warnings.catch_warnings():
     from tqdm.auto import tqdm
 
 from clusterlab import collectives, costmodel
+from clusterlab.gemm import Gemm
 # Sizes as text are pure formatting (tables, with no JAX); bench's names since the first labs.
 from clusterlab.tables import format_bytes, parse_size  # noqa: F401
 
@@ -551,3 +555,173 @@ def rooflines(devices: Sequence[jax.Device] | None = None, **options) -> dict[st
     for d in devices:
         first.setdefault(f"{d.platform}:{d.device_kind}", d)
     return {kind: measure_roofline(d, **options) for kind, d in first.items()}
+
+
+# ----------------------------------------------------------------------------------------------
+# Each GEMM of a layer on the roofline: the planner's per-GEMM rule (clusterlab.gemm) held to a
+# measurement. A GEMM's time is bounded by the larger of its FLOPs at the peak and its bytes at
+# the memory bandwidth; here both ceilings are the device's measured ones (a Roofline), and the
+# GEMM's FLOPs and bytes are XLA's cost analysis of the compiled matmul.
+# ----------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class GemmOnRoofline:
+    """One GEMM timed on a device and set against that device's measured roofline.
+
+    Attributes:
+        gemm: its shape, ``batch`` times ``A[m, k] @ B[k, n]`` (a :class:`clusterlab.gemm.Gemm`).
+        cost: XLA's FLOPs and bytes of the compiled matmul (of ``dtype``, e.g. 4 bytes a value).
+        timing: its measured seconds.
+        ceilings: the roofline it is held to (peak FLOP/s and memory bytes/s).
+    """
+
+    gemm: Gemm
+    cost: ProgramCost
+    timing: Timing
+    ceilings: Roofline
+
+    @property
+    def compute_s(self) -> float:
+        """Seconds of its FLOPs at the peak (no memory limit)."""
+        return self.cost.flops / self.ceilings.peak_flops_per_s
+
+    @property
+    def memory_s(self) -> float:
+        """Seconds of its bytes at the memory bandwidth (no compute limit)."""
+        return self.cost.bytes_accessed / self.ceilings.memory_bytes_per_s
+
+    @property
+    def bound_s(self) -> float:
+        """Seconds the roofline allows: ``max(compute_s, memory_s)``."""
+        return max(self.compute_s, self.memory_s)
+
+    @property
+    def bound_by(self) -> str:
+        """``"compute"`` or ``"memory"``: the ceiling that sets :attr:`bound_s`."""
+        return "compute" if self.compute_s >= self.memory_s else "memory"
+
+    @property
+    def flops_per_s(self) -> float:
+        """Achieved FLOP/s: XLA's FLOPs over the median time."""
+        return self.cost.flops / self.timing.median_s
+
+    @property
+    def of_bound(self) -> float:
+        """The bound over the median time: 1 on the roofline, above 1 faster than it allows."""
+        return self.bound_s / self.timing.median_s
+
+    @property
+    def of_peak(self) -> float:
+        """The achieved FLOP/s over the peak."""
+        return self.flops_per_s / self.ceilings.peak_flops_per_s
+
+
+def _gemm_dims(g: Gemm) -> tuple[int, int, int, int]:
+    """``(batch, m, n, k)`` as integers, or a ValueError: a GEMM with a fractional dimension (a
+    tensor-parallel GPU's average share of heads) is a model's average, not a matmul to run."""
+    dims = {"batch": g.batch, "m": g.m, "n": g.n, "k": g.k}
+    fractional = [f"{name}={value}" for name, value in dims.items() if value != int(value)]
+    if fractional:
+        raise ValueError(f"GEMM {g.pass_} {g.name} has fractional dimensions "
+                         f"({', '.join(fractional)}) and cannot run as a matmul; choose a "
+                         f"tensor_parallel that divides n_heads and the widths.")
+    return int(g.batch), int(g.m), int(g.n), int(g.k)
+
+
+def gemm_operands(g: Gemm, device: jax.Device | None = None, *, dtype: str = "float32",
+                  seed: int = 3) -> tuple[jax.Array, jax.Array]:
+    """Random normal operands of one GEMM on ``device``: ``A`` of shape ``[batch, m, k]`` and
+    ``B`` of ``[batch, k, n]``, of ``dtype``, so that ``jnp.matmul(A, B)`` is the GEMM.
+
+    Raises:
+        ValueError: when a dimension of ``g`` is fractional.
+    """
+    batch, m, n, k = _gemm_dims(g)
+    key_a, key_b = jax.random.split(jax.random.key(seed))
+    a = jax.random.normal(key_a, (batch, m, k), dtype)  # a: [batch, m, k]
+    b = jax.random.normal(key_b, (batch, k, n), dtype)  # b: [batch, k, n]
+    device = _on(device)
+    return jax.device_put(a, device), jax.device_put(b, device)
+
+
+@functools.cache
+def _batched_matmul() -> Callable[..., jax.Array]:
+    """One jitted ``jnp.matmul`` (built on first use: the library runs no JAX at import)."""
+    return jax.jit(jnp.matmul)
+
+
+def gemm_cost(g: Gemm, *, dtype: str = "float32") -> ProgramCost:
+    """XLA's FLOPs and bytes of one GEMM compiled as ``jnp.matmul`` of ``[batch, m, k]`` by
+    ``[batch, k, n]`` (from shapes alone: nothing runs). Its FLOPs are ``g.flops``, ``2 m n k``
+    per multiplication; its bytes A, B and C once each at ``dtype``'s size.
+
+    Raises:
+        ValueError: when a dimension of ``g`` is fractional.
+    """
+    batch, m, n, k = _gemm_dims(g)
+    return program_cost(_batched_matmul(), jax.ShapeDtypeStruct((batch, m, k), dtype),
+                        jax.ShapeDtypeStruct((batch, k, n), dtype))
+
+
+def time_gemms(gemms: Sequence[Gemm], roofline: Roofline, device: jax.Device | None = None, *,
+               dtype: str = "float32", warmup: int = 1, repeats: int = 5,
+               peak_from_fastest: bool = True) -> tuple[GemmOnRoofline, ...]:
+    """Time each GEMM on one device, taking turns, and set it against the device's roofline.
+
+    Each GEMM runs as ``jnp.matmul`` of random ``[batch, m, k]`` and ``[batch, k, n]`` operands
+    of ``dtype`` (:func:`gemm_operands`); its FLOPs and bytes are XLA's cost analysis of that
+    program (:func:`gemm_cost`). The GEMMs are timed with :func:`time_interleaved` (every round
+    calls each once, each call waited for), so a change in the machine's load falls on all of
+    them alike and their ratios, such as a layer's split of GEMM time, stay meaningful.
+
+    Args:
+        gemms: the GEMMs, e.g. :func:`clusterlab.gemm.transformer_layer_gemms` of a host-sized
+            layer; whole-number dimensions.
+        roofline: the device's measured ceilings (:func:`measure_roofline` on the same device,
+            in the same run), of the same ``dtype``.
+        device: where to run; default the first of ``jax.devices()``.
+        dtype: element type of the operands.
+        warmup: untimed rounds first (compilation).
+        repeats: timed rounds.
+        peak_from_fastest: a ceiling is the best rate seen: where a GEMM ran faster than
+            ``roofline``'s peak (measured at another, busier moment of a shared machine), every
+            row's ceilings get that GEMM's rate as their peak. False keeps ``roofline`` as given.
+
+    Returns:
+        One :class:`GemmOnRoofline` per GEMM, in the order of ``gemms``, all with the same
+        ``ceilings``.
+
+    Raises:
+        ValueError: when ``gemms`` is empty, a dimension is fractional, or the roofline is of
+            another dtype or device kind than the GEMMs.
+
+    References:
+        Williams, Waterman & Patterson, CACM 2009. https://doi.org/10.1145/1498765.1498785
+    """
+    if not gemms:
+        raise ValueError("time_gemms needs at least one GEMM.")
+    device = _on(device)
+    kind = f"{device.platform}:{device.device_kind}"
+    if roofline.device_kind != kind:
+        raise ValueError(f"The roofline is {roofline.device_kind!r}'s but the GEMMs run on "
+                         f"{kind!r}: measure the roofline on the same device "
+                         f"(bench.measure_roofline).")
+    if str(jnp.dtype(dtype)) != roofline.dtype:
+        raise ValueError(f"The roofline's peak is of {roofline.dtype} matmuls but the GEMMs are "
+                         f"{jnp.dtype(dtype)}: measure it with dtype={str(jnp.dtype(dtype))!r}.")
+    costs = [gemm_cost(g, dtype=dtype) for g in gemms]
+    operands = [gemm_operands(g, device, dtype=dtype) for g in gemms]
+    matmul = _batched_matmul()
+    timings = time_interleaved({str(i): functools.partial(matmul, *ops)
+                                for i, ops in enumerate(operands)},
+                               warmup=warmup, repeats=repeats)
+    ceilings = roofline
+    if peak_from_fastest:
+        fastest_flops_per_s = max(c.flops / timings[str(i)].median_s
+                                  for i, c in enumerate(costs))
+        if fastest_flops_per_s > roofline.peak_flops_per_s:
+            ceilings = Roofline(roofline.device_kind, fastest_flops_per_s,
+                                roofline.memory_bytes_per_s, roofline.dtype)
+    return tuple(GemmOnRoofline(g, c, timings[str(i)], ceilings)
+                 for i, (g, c) in enumerate(zip(gemms, costs)))

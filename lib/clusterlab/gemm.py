@@ -18,7 +18,9 @@ one tensor-parallel GPU, forward, backward and recomputed; :func:`transformer_la
 the element-wise work (LayerNorm, GeLU, softmax, dropout, residuals), priced by its bytes over
 HBM bandwidth; :func:`transformer_layer_time_s` sums both. :func:`output_layer_time_s` prices
 the output layer (the logits GEMM, ``d x V``) and its cross-entropy, which Megatron-LM runs on
-the last pipeline stage.
+the last pipeline stage. :func:`group_shares` splits a layer's GEMM time into attention, MLP
+and projections (:data:`LAYER_GEMM_GROUPS`), whether priced here or measured on a device
+(``clusterlab.bench.time_gemms``).
 
 References:
     [nvidia_gemm_guide] NVIDIA, "Matrix Multiplication Background User's Guide" (tile and wave
@@ -36,7 +38,7 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, Mapping, Sequence
 
 from clusterlab import _checks
 from clusterlab.hardware import GPU
@@ -340,3 +342,56 @@ def output_layer_time_s(gpu: GPU, seq_len: int, micro_batch: int, d_model: int,
                                            tensor_parallel=tensor_parallel)
     return (sum(gemm_time_s(g, gpu) for g in gemms)
             + sum(e.hbm_bytes for e in elementwise) / gpu.hbm_bytes_per_s)
+
+
+#: The GEMMs of :func:`transformer_layer_gemms` in three groups, by name (every pass of each):
+#: attention's per-head matmuls, whose ``d/a`` dimension makes them thin at a small head width;
+#: the MLP's two; QKV and the output projection.
+LAYER_GEMM_GROUPS: dict[str, tuple[str, ...]] = {
+    "attention": ("scores", "attention_over_values"),
+    "MLP": ("mlp_up", "mlp_down"),
+    "projections": ("qkv", "output_projection"),
+}
+
+
+def group_shares(gemms: Sequence[Gemm], seconds: Sequence[float],
+                 groups: Mapping[str, Sequence[str]] = LAYER_GEMM_GROUPS) -> dict[str, float]:
+    """Each group's share of the GEMMs' total time: how a layer's GEMM time splits.
+
+    The seconds can be measured (``bench.time_gemms``' medians), priced by a roofline, or
+    priced by :func:`gemm_time_s` on a GPU; the split is then compared between them.
+
+    Args:
+        gemms: the GEMMs, e.g. :func:`transformer_layer_gemms`.
+        seconds: one time per GEMM, in the same order (seconds, positive).
+        groups: group name -> GEMM names (:data:`LAYER_GEMM_GROUPS` by default); every GEMM's
+            name must be in exactly one group.
+
+    Returns:
+        group name -> share of the total, in the order of ``groups``; the shares sum to 1.
+
+    Raises:
+        ValueError: when the lengths differ, a time is not positive, or a GEMM is in no group
+            or in more than one.
+    """
+    if len(gemms) != len(seconds):
+        raise ValueError(f"group_shares needs one time per GEMM: got {len(gemms)} GEMMs and "
+                         f"{len(seconds)} times.")
+    if not gemms:
+        raise ValueError("group_shares needs at least one GEMM.")
+    for g, s in zip(gemms, seconds):
+        _checks.positive(f"the seconds of {g.pass_} {g.name}", s)
+    group_of: dict[str, str] = {}
+    for group, names in groups.items():
+        for name in names:
+            if name in group_of:
+                raise ValueError(f"GEMM {name!r} is in two groups, {group_of[name]!r} and "
+                                 f"{group!r}: put it in one.")
+            group_of[name] = group
+    ungrouped = sorted({g.name for g in gemms} - set(group_of))
+    if ungrouped:
+        raise ValueError(f"GEMMs in no group: {', '.join(ungrouped)}; add them to `groups` "
+                         f"(groups now: {', '.join(groups)}).")
+    total_s = math.fsum(seconds)
+    return {group: math.fsum(s for g, s in zip(gemms, seconds) if group_of[g.name] == group)
+            / total_s for group in groups}
