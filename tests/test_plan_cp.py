@@ -2,13 +2,7 @@
 and compute fall by cp where the formulas say, the K/V all-gather's bytes and time follow the
 formula, the rules are named, and a long-sequence search picks cp where memory demands it."""
 
-import json
-import os
-import shutil
-import subprocess
-import sys
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
 
@@ -16,8 +10,8 @@ from clusterlab import costmodel, memory, plan
 from clusterlab.parallel import context
 from clusterlab.plan import prediction
 from clusterlab.plan.search import SearchSpace, search_layouts
+from planner_history import run_old_planner
 
-ROOT = Path(__file__).resolve().parents[1]
 #: the commit before context parallelism entered the planner (its parent is the old planner)
 CP_COMMIT = "e4cc5b1"
 
@@ -61,23 +55,8 @@ print(json.dumps([workload.__file__, hasattr(plan.Layout(), "cp"), out]))
 def test_cp_1_prices_every_layout_exactly_as_the_planner_before_cp(tmp_path):
     """The old planner (lib/clusterlab/plan at the commit before cp) and this one, on the same
     rest of the library, agree to the last bit for cp = 1."""
-    if shutil.which("git") is None or not (ROOT / ".git").exists():
-        pytest.skip("needs the git history to rebuild the planner before cp")
-    lib = tmp_path / "lib"
-    shutil.copytree(ROOT / "lib" / "clusterlab", lib / "clusterlab")
-    names = subprocess.run(["git", "ls-tree", "--name-only", f"{CP_COMMIT}^",
-                            "lib/clusterlab/plan/"], cwd=ROOT, check=True, capture_output=True,
-                           text=True).stdout.split()
-    assert "lib/clusterlab/plan/prediction.py" in names
-    for name in names:
-        old = subprocess.run(["git", "show", f"{CP_COMMIT}^:{name}"], cwd=ROOT, check=True,
-                             capture_output=True, text=True).stdout
-        (lib / "clusterlab" / "plan" / Path(name).name).write_text(old)
-    run = subprocess.run([sys.executable, "-c", OLD_SCRIPT, json.dumps(OLD_LAYOUTS),
-                          json.dumps(FIELDS)], env=dict(os.environ, PYTHONPATH=str(lib)),
-                         cwd=tmp_path, check=True, capture_output=True, text=True)
-    where, has_cp, old = json.loads(run.stdout)
-    assert where.startswith(str(lib)) and not has_cp   # the old planner ran, without cp
+    where, has_cp, old = run_old_planner(CP_COMMIT, tmp_path, OLD_SCRIPT, OLD_LAYOUTS, FIELDS)
+    assert where.startswith(str(tmp_path)) and not has_cp   # the old planner ran, without cp
     for (kwargs, policy), before in zip(OLD_LAYOUTS, old):
         now = plan.predict(replace(W70, recompute=policy), _cluster(512),
                            plan.Layout(**kwargs, cp=1))

@@ -11,14 +11,8 @@ layer, top-2; 46.7e9 parameters in all, 12.9e9 active per token.
 
 import contextlib
 import io
-import json
 import math
-import os
-import shutil
-import subprocess
-import sys
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
 
@@ -26,8 +20,8 @@ from clusterlab import costmodel, flops, gemm, memory, moe, plan
 from clusterlab.parallel import experts
 from clusterlab.plan import prediction
 from clusterlab.plan.search import SearchSpace, search_layouts
+from planner_history import run_old_planner
 
-ROOT = Path(__file__).resolve().parents[1]
 #: the commit that brought experts into the planner (its parent is the planner before them)
 EP_COMMIT = "87219bb"
 
@@ -80,23 +74,9 @@ def test_ep_1_prices_every_dense_model_exactly_as_the_planner_before_experts(tmp
     """The planner before experts (lib/clusterlab/plan at EP_COMMIT's parent, on the same
     rest of the library) and this one agree to the last bit: every row of the validation
     table, four dense layouts of a 70B model, and a default-space search's ranking."""
-    if shutil.which("git") is None or not (ROOT / ".git").exists():
-        pytest.skip("needs the git history to rebuild the planner before experts")
-    lib = tmp_path / "lib"
-    shutil.copytree(ROOT / "lib" / "clusterlab", lib / "clusterlab")
-    names = subprocess.run(["git", "ls-tree", "--name-only", f"{EP_COMMIT}^",
-                            "lib/clusterlab/plan/"], cwd=ROOT, check=True, capture_output=True,
-                           text=True).stdout.split()
-    assert "lib/clusterlab/plan/prediction.py" in names
-    for name in names:
-        old = subprocess.run(["git", "show", f"{EP_COMMIT}^:{name}"], cwd=ROOT, check=True,
-                             capture_output=True, text=True).stdout
-        (lib / "clusterlab" / "plan" / Path(name).name).write_text(old)
-    run = subprocess.run([sys.executable, "-c", OLD_SCRIPT, json.dumps(DENSE_LAYOUTS),
-                          json.dumps(FIELDS)], env=dict(os.environ, PYTHONPATH=str(lib)),
-                         cwd=tmp_path, check=True, capture_output=True, text=True)
-    where, has_ep, old_rows, old_layouts, (old_candidates, old_ranking) = json.loads(run.stdout)
-    assert where.startswith(str(lib)) and not has_ep   # the old planner ran, without ep
+    where, has_ep, old_rows, old_layouts, (old_candidates, old_ranking) = run_old_planner(
+        EP_COMMIT, tmp_path, OLD_SCRIPT, DENSE_LAYOUTS, FIELDS)
+    assert where.startswith(str(tmp_path)) and not has_ep   # the old planner ran, without ep
 
     rows = plan.validation_table()
     assert [r.run for r in rows] == [r[0] for r in old_rows] and len(rows) == 12

@@ -1,0 +1,46 @@
+"""Shared by the planner's tests that compare a new layout dimension with the planner before it:
+run a script against ``lib/clusterlab/plan`` as it was at a past commit, on the rest of the
+library as it is now, so that only the planner differs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT
+
+
+def run_old_planner(commit: str, tmp_path: Path, script: str, *args: object) -> object:
+    """The JSON that ``script`` prints when run with the planner of ``commit``'s parent.
+
+    Args:
+        commit: the commit that changed the planner; its parent's ``lib/clusterlab/plan/`` runs.
+        tmp_path: where the mixed library is written.
+        script: Python source; it gets ``args`` as JSON strings in ``sys.argv[1:]``.
+        *args: JSON-serialisable arguments.
+
+    Skips where the checkout has no git history (a tarball): there is nothing to rebuild from.
+    """
+    if shutil.which("git") is None or not (ROOT / ".git").exists():
+        pytest.skip("needs the git history to rebuild the planner before the change")
+    lib = tmp_path / "lib"
+    shutil.copytree(ROOT / "lib" / "clusterlab", lib / "clusterlab")
+    names = subprocess.run(["git", "ls-tree", "--name-only", f"{commit}^",
+                            "lib/clusterlab/plan/"], cwd=ROOT, check=True, capture_output=True,
+                           text=True).stdout.split()
+    assert "lib/clusterlab/plan/prediction.py" in names
+    for name in names:
+        old = subprocess.run(["git", "show", f"{commit}^:{name}"], cwd=ROOT, check=True,
+                             capture_output=True, text=True).stdout
+        (lib / "clusterlab" / "plan" / Path(name).name).write_text(old)
+    run = subprocess.run([sys.executable, "-c", script, *(json.dumps(a) for a in args)],
+                         env=dict(os.environ, PYTHONPATH=str(lib)), cwd=tmp_path, check=True,
+                         capture_output=True, text=True)
+    return json.loads(run.stdout)
