@@ -199,7 +199,7 @@ def transformer_layer_gemms(seq_len: int, micro_batch: int, d_model: int, n_head
     GEMMs are one fused kernel whose ``s x s`` scores stay on chip; its backward's own
     recomputation of the scores is not counted (the planner counts the model's FLOPs only).
 
-    Their FLOPs per token are ``(24 d^2 + 4 s d + 2 d (f - 4d)) / t`` forward, times 3 with the
+    Their FLOPs per token are ``(24 d^2 + 4 s d + 4 d (f - 4d)) / t`` forward, times 3 with the
     backward: ``Workload.hardware_flops_per_token / (L t)`` for ``f = N/(2 L d) - 2 d``.
 
     Args:
