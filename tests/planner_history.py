@@ -41,6 +41,7 @@ def run_old_planner(commit: str, tmp_path: Path, script: str, *args: object) -> 
                              capture_output=True, text=True).stdout
         (lib / "clusterlab" / "plan" / Path(name).name).write_text(old)
     run = subprocess.run([sys.executable, "-c", script, *(json.dumps(a) for a in args)],
-                         env=dict(os.environ, PYTHONPATH=str(lib)), cwd=tmp_path, check=True,
+                         env=dict(os.environ, PYTHONPATH=str(lib)), cwd=tmp_path,
                          capture_output=True, text=True)
+    assert run.returncode == 0, f"the script failed on the old planner:\n{run.stderr[-3000:]}"
     return json.loads(run.stdout)
