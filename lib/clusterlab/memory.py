@@ -274,46 +274,12 @@ def transformer_block_activation_bytes(seq_len: int, micro_batch: int, hidden: i
 
     The block is :func:`clusterlab.models.transformer_block`: pre-LayerNorm, causal multi-head
     attention, a ReLU MLP of width ``H = mlp_hidden``, fp32 (``v = bytes_per_value = 4``), no
-    dropout. With sequence length ``s``, micro-batch ``b``, hidden size ``h`` and ``a`` heads,
-    tensor by tensor, ``count="minimal"`` (what the backward pass needs, counted as
-    :func:`transformer_layer_activation_bytes` counts it):
-
-    * attention: the LayerNorm's input ``sbh``; its output, the Q/K/V projections' input
-      ``sbh``; Q, K and V for the two attention matmuls ``3 sbh``; the softmax output, read by
-      the softmax's backward and by ``weights @ V``'s, ``a s^2 b``; the heads, input of the
-      output projection, ``sbh``;
-    * MLP: the second LayerNorm's input ``sbh``; its output, the first matmul's input ``sbh``;
-      the ReLU's output ``sbH``, the second matmul's input, which also says where the ReLU
-      passed its gradient (so its input is not needed);
-
-    in all ``v (8 sbh + sbH + a s^2 b)``. ``recompute="selective"`` recomputes the scores and
-    softmax from the kept Q and K, dropping ``v a s^2 b``; ``recompute="full"`` keeps only the
-    block's input, ``v sbh``, and recomputes the rest in the backward pass.
-
-    How this differs from Korthikanti et al.'s ``sbh (34 + 5as/h)``: their values are 16-bit
-    (``v = 2``, not 4); their dropouts keep 1-byte masks (``2 sbh`` after attention and MLP,
-    ``a s^2 b`` after the softmax) and the dropped-out softmax (``2 a s^2 b``), none here; their
-    GeLU keeps its input and output (``2 sbH``), the ReLU only its output. With ``v = 2``,
-    ``H = 4h``, those masks and a GeLU, the count above is theirs: ``2(8 + 4 + 4) sbh + 2 sbh =
-    34 sbh`` and ``2 + 1 + 2 = 5 a s^2 b``.
-
-    ``count="jax"`` counts what JAX 0.10.2 keeps when it differentiates this block op by op, as
-    the compiled program holds it (XLA:CPU; measured in ``tests/test_memory_recompute.py``):
-
-    * each LayerNorm keeps ``x - mean``, twice it (the square's derivative), the normalised
-      input and its output: ``4 sbh``, not 2; and its per-token ``rsqrt`` and that
-      ``rsqrt``'s derivative factor, ``2 sb``, and the scale broadcast, ``h``;
-    * attention: Q, K, V and the heads, ``4 sbh``; the softmax keeps its exponentials and its
-      output, ``2 a s^2 b`` (JAX differentiates ``jax.nn.softmax`` through ``exp`` and the
-      division), and two per-row values (the row sum and the square of its inverse) ``2 asb``;
-    * the ReLU keeps its output ``sbH`` and a 1-byte mask of where its input was positive
-      (``sbH`` bytes).
-
-    ``v (12 sbh + sbH + 2 a s^2 b + 4 sb + 2 asb + 2 h) + sbH`` in all. JAX's own list of
-    residuals (``jax.ad_checkpoint.print_saved_residuals``) also names the masked scores, the
-    causal mask and ReLU's zeros; the compiled program keeps none of them. Under the
-    selective policy of :func:`clusterlab.models.recompute_policy` the ``2 a s^2 b`` go and
-    the softmax's row maximum, one more ``asb``, is kept instead; under ``"full"``, ``v sbh``.
+    dropout. With sequence length ``s``, micro-batch ``b``, hidden size ``h`` and ``a`` heads it
+    counts tensor by tensor, in one of two ways: ``count="minimal"``, what the backward pass
+    needs, as :func:`transformer_layer_activation_bytes` counts it (:func:`_minimal_block_values`
+    derives it and compares it with Korthikanti et al.'s count), or ``count="jax"``, what JAX
+    0.10.2 keeps when it differentiates the block op by op (:func:`_jax_block_values`).
+    ``recompute="full"`` keeps only the block's input, ``v sbh``, under either count.
 
     Args:
         seq_len: s, tokens per sequence.
@@ -351,14 +317,62 @@ def transformer_block_activation_bytes(seq_len: int, micro_batch: int, hidden: i
         raise ValueError(f"recompute must be one of {ACTIVATION_RECOMPUTE}, got {recompute!r}.")
     if count not in ACTIVATION_COUNTS:
         raise ValueError(f"count must be one of {ACTIVATION_COUNTS}, got {count!r}.")
-    tokens = s * b
     if recompute == "full":
-        return float(v * tokens * h)
-    scores = a * s * s * b                       # values of one s x s tensor per head
+        return float(v * s * b * h)
+    selective = recompute == "selective"
     if count == "minimal":
-        kept_scores = 0 if recompute == "selective" else scores
-        return float(v * (8 * tokens * h + tokens * big_h + kept_scores))
-    kept_scores = 0 if recompute == "selective" else 2 * scores
-    per_row = (3 if recompute == "selective" else 2) * a * s * b
-    values = 12 * tokens * h + tokens * big_h + kept_scores + 4 * tokens + per_row + 2 * h
-    return float(v * values + tokens * big_h)   # + the ReLU's 1-byte mask
+        return float(v * _minimal_block_values(s, b, h, a, big_h, selective=selective))
+    return float(v * _jax_block_values(s, b, h, a, big_h, selective=selective)
+                 + s * b * big_h)   # + the ReLU's 1-byte mask
+
+
+def _minimal_block_values(s: int, b: int, h: int, a: int, big_h: int, *,
+                          selective: bool) -> int:
+    """Values the block's backward pass needs, tensor by tensor:
+
+    * attention: the LayerNorm's input ``sbh``; its output, the Q/K/V projections' input
+      ``sbh``; Q, K and V for the two attention matmuls ``3 sbh``; the softmax output, read by
+      the softmax's backward and by ``weights @ V``'s, ``a s^2 b``; the heads, input of the
+      output projection, ``sbh``;
+    * MLP: the second LayerNorm's input ``sbh``; its output, the first matmul's input ``sbh``;
+      the ReLU's output ``sbH``, the second matmul's input, which also says where the ReLU
+      passed its gradient (so its input is not needed);
+
+    in all ``8 sbh + sbH + a s^2 b``. ``selective`` (recomputation) recomputes the scores and
+    softmax from the kept Q and K, dropping ``a s^2 b``.
+
+    How this differs from Korthikanti et al.'s ``sbh (34 + 5as/h)``: their values are 16-bit
+    (``v = 2``, not 4); their dropouts keep 1-byte masks (``2 sbh`` after attention and MLP,
+    ``a s^2 b`` after the softmax) and the dropped-out softmax (``2 a s^2 b``), none here; their
+    GeLU keeps its input and output (``2 sbH``), the ReLU only its output. With ``v = 2``,
+    ``H = 4h``, those masks and a GeLU, the count above is theirs: ``2(8 + 4 + 4) sbh + 2 sbh =
+    34 sbh`` and ``2 + 1 + 2 = 5 a s^2 b``.
+    """
+    tokens = s * b
+    kept_scores = 0 if selective else a * s * s * b
+    return 8 * tokens * h + tokens * big_h + kept_scores
+
+
+def _jax_block_values(s: int, b: int, h: int, a: int, big_h: int, *, selective: bool) -> int:
+    """Values JAX 0.10.2 keeps when it differentiates the block op by op, as the compiled
+    program holds them (XLA:CPU; measured in ``tests/test_memory_recompute.py``):
+
+    * each LayerNorm keeps ``x - mean``, twice it (the square's derivative), the normalised
+      input and its output: ``4 sbh``, not 2; and its per-token ``rsqrt`` and that
+      ``rsqrt``'s derivative factor, ``2 sb``, and the scale broadcast, ``h``;
+    * attention: Q, K, V and the heads, ``4 sbh``; the softmax keeps its exponentials and its
+      output, ``2 a s^2 b`` (JAX differentiates ``jax.nn.softmax`` through ``exp`` and the
+      division), and two per-row values (the row sum and the square of its inverse) ``2 asb``;
+    * the ReLU keeps its output ``sbH`` and a 1-byte mask of where its input was positive
+      (``sbH`` bytes, which the caller adds: they are not ``v``-byte values).
+
+    ``12 sbh + sbH + 2 a s^2 b + 4 sb + 2 asb + 2 h`` values in all. JAX's own list of
+    residuals (``jax.ad_checkpoint.print_saved_residuals``) also names the masked scores, the
+    causal mask and ReLU's zeros; the compiled program keeps none of them. Under the
+    selective policy of :func:`clusterlab.models.recompute_policy` the ``2 a s^2 b`` go and
+    the softmax's row maximum, one more ``asb``, is kept instead (``selective``).
+    """
+    tokens = s * b
+    kept_scores = 0 if selective else 2 * a * s * s * b
+    per_row = (3 if selective else 2) * a * s * b
+    return 12 * tokens * h + tokens * big_h + kept_scores + 4 * tokens + per_row + 2 * h

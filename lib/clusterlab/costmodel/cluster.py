@@ -130,10 +130,14 @@ def cluster_collective(op: ClusterOp, nbytes: float, cluster: hardware.ClusterSp
                             intra_node_bytes_per_s=intra_node_bytes_per_s,
                             network_bytes_per_s=network_bytes_per_s, sharp=sharp)
     estimate = _model.estimate(op, nbytes, spec, algorithm=algorithm, protocol=protocol)
-    if spec.n_gpus == 1:
-        return estimate
+    return estimate if spec.n_gpus == 1 else _with_regime_band(estimate, spec, fabric)
+
+
+def _with_regime_band(estimate: CollectiveEstimate, spec: hardware.ClusterSpec,
+                      fabric: FabricKind | None) -> CollectiveEstimate:
+    """The estimate with its validation regime and the band its published rows set."""
     kind = "pcie" if (spec.intra_node_link or "").startswith("PCIe") else "nvlink"
-    where = _model.regime(op, estimate.nbytes, spec.n_nodes,
+    where = _model.regime(estimate.op, estimate.nbytes, spec.n_nodes,
                           fabric or _model.fabric_of(spec.nic, spec.n_nodes, kind))
     return validation.with_band(estimate, where)
 
