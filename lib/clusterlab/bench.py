@@ -603,8 +603,8 @@ class GemmOnRoofline:
 
     @property
     def flops_per_s(self) -> float:
-        """Achieved FLOP/s: XLA's FLOPs over the median time."""
-        return self.cost.flops / self.timing.median_s
+        """Achieved FLOP/s: XLA's FLOPs over the median time (:class:`Achieved`'s)."""
+        return Achieved(self.cost, self.timing).flops_per_s
 
     @property
     def of_bound(self) -> float:
