@@ -38,7 +38,7 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass
-from typing import Literal, Mapping, Sequence
+from typing import Literal, Mapping, NamedTuple, Sequence
 
 from clusterlab import _checks
 from clusterlab.hardware import GPU
@@ -342,6 +342,21 @@ def output_layer_time_s(gpu: GPU, seq_len: int, micro_batch: int, d_model: int,
                                            tensor_parallel=tensor_parallel)
     return (sum(gemm_time_s(g, gpu) for g in gemms)
             + sum(e.hbm_bytes for e in elementwise) / gpu.hbm_bytes_per_s)
+
+
+class LayerShape(NamedTuple):
+    """The shape of one transformer layer, as :func:`transformer_layer_gemms` takes it."""
+
+    seq_len: int
+    micro_batch: int
+    d_model: int
+    n_heads: int
+    ffn_hidden: int
+
+
+#: The layer labs 08 and 10 time on a host CPU: s 256, b 4, d 512, 32 heads of width 16 (thin
+#: enough for attention's GEMMs to be memory-bound there), MLP width 2048.
+HOST_LAYER = LayerShape(seq_len=256, micro_batch=4, d_model=512, n_heads=32, ffn_hidden=2048)
 
 
 #: The GEMMs of :func:`transformer_layer_gemms` in three groups, by name (every pass of each):
