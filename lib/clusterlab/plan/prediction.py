@@ -361,11 +361,20 @@ def _check_layout(workload: Workload, cluster: ClusterSpec, layout: Layout) -> i
 
 # --- The terms of a step ---------------------------------------------------------------------
 
-def _params_per_gpu(workload: Workload, layout: Layout) -> tuple[float, float]:
-    """(parameters outside the experts, experts' parameters) one GPU holds under expert
-    parallelism: ``(N - N_e) / (tp pp)`` and ``N_e / (tp pp ep)``."""
+def _params_per_gpu(workload: Workload, layout: Layout) -> tuple[tuple[float, int], ...]:
+    """The parameters one GPU holds, in groups of ``(parameters, GPUs holding the same ones)``;
+    ZeRO shards a group's states, and the gradient reduction runs, over its GPUs.
+
+    Without expert parallelism one group, ``N / (tp pp)`` over ``dp cp``; with it two: the
+    parameters outside the experts, ``(N - N_e) / (tp pp)`` over ``dp cp``, and the experts',
+    ``N_e / (tp pp ep)`` over the ``dp cp / ep`` GPUs that hold the same experts.
+    """
+    replicas = layout.dp * layout.cp
+    if layout.ep == 1:
+        return ((workload.n_params / (layout.tp * layout.pp), replicas),)
     dense = (workload.n_params - workload.expert_params) / (layout.tp * layout.pp)
-    return dense, workload.expert_params / (layout.tp * layout.pp * layout.ep)
+    experts = workload.expert_params / (layout.tp * layout.pp * layout.ep)
+    return (dense, replicas), (experts, replicas // layout.ep)
 
 
 def _memory(workload: Workload, layout: Layout, assumptions: Assumptions,
@@ -394,19 +403,10 @@ def _memory(workload: Workload, layout: Layout, assumptions: Assumptions,
     activations of each token are not counted, an underestimate when ``k f > 4 d``.
     """
     n_layers, d_model = workload.shape
-    if layout.ep == 1:
-        states_bytes = memory.training_memory_per_device(
-            workload.n_params / (layout.tp * layout.pp), layout.dp * layout.cp,
-            layout.zero_stage, fp32_grad_accumulation=assumptions.fp32_grad_accumulation)
-    else:
-        dense_params, expert_params = _params_per_gpu(workload, layout)
-        states_bytes = (
-            memory.training_memory_per_device(
-                dense_params, layout.dp * layout.cp, layout.zero_stage,
-                fp32_grad_accumulation=assumptions.fp32_grad_accumulation)
-            + memory.training_memory_per_device(
-                expert_params, layout.dp * layout.cp // layout.ep, layout.zero_stage,
-                fp32_grad_accumulation=assumptions.fp32_grad_accumulation))
+    states_bytes = sum(
+        memory.training_memory_per_device(params, holders, layout.zero_stage,
+                                          fp32_grad_accumulation=assumptions.fp32_grad_accumulation)
+        for params, holders in _params_per_gpu(workload, layout))
     policy = workload.recompute_policy
     layer_bytes = memory.transformer_layer_activation_bytes(
         workload.seq_len, layout.micro_batch, d_model, workload.heads,
@@ -505,16 +505,8 @@ def _optimizer_s(workload: Workload, cluster: ClusterSpec, layout: Layout,
     ZeRO 1-3 (Megatron's distributed optimizer) it updates only its ``1/(dp cp)`` shard. It runs
     after the gradients are reduced, so nothing hides it. With expert parallelism it holds
     ``1/ep`` of the experts' parameters, and ZeRO shards those over ``dp cp / ep``."""
-    if layout.ep == 1:
-        params = workload.n_params / (layout.tp * layout.pp)
-        if layout.zero_stage > 0:
-            params /= layout.dp * layout.cp
-    else:
-        dense, experts = _params_per_gpu(workload, layout)
-        if layout.zero_stage > 0:
-            dense /= layout.dp * layout.cp
-            experts /= layout.dp * layout.cp // layout.ep
-        params = dense + experts
+    params = sum(held / holders if layout.zero_stage > 0 else held
+                 for held, holders in _params_per_gpu(workload, layout))
     nbytes = params * optimizer_step_bytes_per_param(assumptions.fp32_grad_accumulation)
     return nbytes / cluster.gpu.hbm_bytes_per_s
 
@@ -592,17 +584,13 @@ def _data_parallel(workload: Workload, cluster: ClusterSpec, layout: Layout,
         return 0.0, None
     grad_value_bytes = (memory.FP32_GRAD_BYTES if assumptions.fp32_grad_accumulation
                         else BYTES_PER_VALUE)
-    if layout.ep == 1:
-        grad_bytes = workload.n_params / (layout.tp * layout.pp) * grad_value_bytes
-    else:
-        dense_params, expert_params = _params_per_gpu(workload, layout)
-        grad_bytes = dense_params * grad_value_bytes
+    (dense_params, _), *expert_group = _params_per_gpu(workload, layout)
     local, nodes = _dp_placement(layout, cluster)
-    estimate = dp_all_reduce(grad_bytes, local, nodes, cluster)
+    estimate = dp_all_reduce(dense_params * grad_value_bytes, local, nodes, cluster)
     all_reduce_s = estimate.time_s
     if nodes > 1:     # the fabric's contention (fabric.contention_factor)
         all_reduce_s *= assumptions.dp_contention_factor
-    if layout.ep > 1:
+    for expert_params, _ in expert_group:
         expert_local, expert_nodes = _expert_dp_placement(layout, cluster)
         experts = dp_all_reduce(expert_params * grad_value_bytes, expert_local, expert_nodes,
                                 cluster)
