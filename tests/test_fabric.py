@@ -486,14 +486,14 @@ def test_planner_takes_the_contention_factor():
 
     w = plan.Workload(8e9, 2048, 256, n_tokens=1e9, n_layers=32, d_model=4096)
     hw = plan.cluster("H100", 64, storage_read_bytes_per_s=1e12)
-    base = plan.Assumptions(compute_efficiency=0.5, dp_overlap=0.0)
+    base = plan.Assumptions(compute_efficiency=0.5, overlap_grad_reduce=False)
     assert plan.Assumptions().dp_contention_factor == 1.0
     across = plan.Layout(dp=8, tp=8)                    # one replica per node: 8 nodes
     inside = plan.Layout(dp=8, tp=1, pp=8)              # dp inside each node
     for layout in (across, inside):
         default = plan.predict(w, hw, layout, base)
         slowed = plan.predict(w, hw, layout, plan.Assumptions(
-            compute_efficiency=0.5, dp_overlap=0.0, dp_contention_factor=1.75))
+            compute_efficiency=0.5, overlap_grad_reduce=False, dp_contention_factor=1.75))
         assert default.dp_comm_s > 0
         expect = 1.75 if layout is across else 1.0     # only a group spanning nodes
         assert slowed.dp_comm_s == pytest.approx(expect * default.dp_comm_s, rel=1e-12)

@@ -32,7 +32,7 @@ def test_the_step_counts_the_course_mfu_flops():
     workload = plan.Workload(7e9, 4096, 1024, n_tokens=2e12)
     planned = plan.predict(workload, replace(A, storage_read_bytes_per_s=1e12),
                            plan.Layout(dp=256, zero_stage=1),
-                           plan.Assumptions(compute_efficiency=0.5, dp_overlap=0.0))
+                           plan.Assumptions(compute_efficiency=0.5, overlap_grad_reduce=False))
     assert planned.compute_s == pytest.approx(step.compute_s, rel=1e-12)
     assert planned.dp_comm_s == step.communication_s
 

@@ -106,7 +106,7 @@ from conftest import run_python  # noqa: E402
 
 W70 = plan.Workload(70e9, 4096, 1024, n_tokens=2e12, n_layers=80, d_model=8192)
 HW1024 = plan.cluster("H100", 1024, storage_read_bytes_per_s=20e9)
-NO_OVERLAP = plan.Assumptions(compute_efficiency=0.5, dp_overlap=0.0)
+NO_OVERLAP = plan.Assumptions(compute_efficiency=0.5, overlap_grad_reduce=False)
 
 
 def test_cluster_takes_numbers_from_the_catalog():
@@ -232,30 +232,92 @@ def test_a_pcie_node_link_is_priced_as_pcie():
     assert p.tp_estimate.regime.fabric == "PCIe"
 
 
+def _backward_window_s(p: plan.Plan, microbatches: int) -> float:
+    """One micro-batch's backward pass: the compute less its forward third of the model's
+    FLOPs (2/3 of it without recomputation), over the step's micro-batches."""
+    forward = p.workload.flops_per_token / 3 / p.workload.hardware_flops_per_token
+    return p.compute_s * (1 - forward) / microbatches
+
+
+def _bucket_finish_s(reduce_s: float, window_s: float, n_buckets: int) -> float:
+    """A direct simulation of Megatron's bucketed overlap: bucket i is ready i/n of the way
+    through the window, and one stream reduces the buckets in turn, t/n each. Returns when
+    the last finishes, measured from the window's end."""
+    done = 0.0
+    for i in range(1, n_buckets + 1):
+        done = max(done, window_s * i / n_buckets) + reduce_s / n_buckets
+    return done - window_s
+
+
+@pytest.mark.parametrize("reduce_s, window_s, n_buckets", [
+    (1.0, 0.0, 1), (1.0, 5.0, 1), (1.0, 5.0, 10), (1.0, 0.5, 10), (3.0, 2.0, 69),
+    (0.2, 0.2, 14), (0.0, 1.0, 3)])
+def test_exposed_bucketed_reduce_is_a_simulation_of_the_buckets(reduce_s, window_s, n_buckets):
+    assert plan.exposed_bucketed_reduce_s(reduce_s, window_s, n_buckets) == pytest.approx(
+        _bucket_finish_s(reduce_s, window_s, n_buckets), abs=1e-12)
+
+
+def test_exposed_bucketed_reduce_names_bad_input():
+    with pytest.raises(ValueError, match="n_buckets"):
+        plan.exposed_bucketed_reduce_s(1.0, 1.0, 0)
+    with pytest.raises(ValueError, match="durations"):
+        plan.exposed_bucketed_reduce_s(1.0, -1.0, 4)
+    with pytest.raises(ValueError, match="grad_bucket_params"):
+        plan.Assumptions(grad_bucket_params=0)
+    with pytest.raises(ValueError, match="overlap_grad_reduce"):
+        plan.Assumptions(overlap_grad_reduce=0.5)
+
+
+def test_megatron_bucket_size():
+    # Megatron Core 0.7's default: max(4e7, 1e6 dp) parameters
+    assert plan.megatron_bucket_params(8) == 40_000_000
+    assert plan.megatron_bucket_params(40) == 40_000_000
+    assert plan.megatron_bucket_params(128) == 128_000_000
+
+
 def test_zero3_and_overlap_scale_the_data_parallel_time():
     base = plan.predict(W70, HW1024, plan.Layout(dp=128, tp=8, zero_stage=1), NO_OVERLAP)
     zero3 = plan.predict(W70, HW1024, plan.Layout(dp=128, tp=8, zero_stage=3), NO_OVERLAP)
-    hidden = plan.predict(W70, HW1024, plan.Layout(dp=128, tp=8, zero_stage=1),
-                          replace(NO_OVERLAP, dp_overlap=0.75))
+    overlapped = plan.predict(W70, HW1024, plan.Layout(dp=128, tp=8, zero_stage=1),
+                              replace(NO_OVERLAP, overlap_grad_reduce=True))
     assert zero3.dp_comm_s == pytest.approx(1.5 * base.dp_comm_s)
-    assert hidden.dp_comm_s == pytest.approx(0.25 * base.dp_comm_s)
+    assert base.dp_reduce_s == base.dp_comm_s           # nothing hidden without overlap
+    assert overlapped.dp_reduce_s == base.dp_reduce_s   # overlap hides, it does not shrink
+    # 1024 sequences over 128 replicas: 8 micro-batches; 70e9 / 8 parameters a GPU in buckets
+    # of max(4e7, 1e6 x 128) = 1.28e8: 69 of them
+    window_s = _backward_window_s(overlapped, 8)
+    assert overlapped.dp_comm_s == pytest.approx(
+        _bucket_finish_s(base.dp_reduce_s, window_s, 69), rel=1e-12)
+    assert base.dp_reduce_s / 69 <= overlapped.dp_comm_s < base.dp_comm_s
     assert zero3.states_bytes == pytest.approx(16 * 70e9 / 8 / 128)
+    fewer = plan.predict(W70, HW1024, plan.Layout(dp=128, tp=8, zero_stage=1),
+                         replace(NO_OVERLAP, overlap_grad_reduce=True,
+                                 grad_bucket_params=10**10))       # one bucket: nothing hides
+    assert fewer.dp_comm_s == pytest.approx(base.dp_comm_s, rel=1e-12)
 
 
-def test_planner_hides_no_more_than_the_backward_pass():
-    # 7B over one 100 GbE port per node: the all-reduce outlasts the backward pass, so even
-    # dp_overlap = 1 leaves t_AR - t_bwd exposed (t_bwd = 2/3 of compute, 3/4 with recompute).
+def test_planner_hides_no_more_than_the_last_micro_batch_backward():
+    # 7B over one 100 GbE port per node, 512 replicas: 2 micro-batches, and the all-reduce
+    # outlasts one micro-batch's backward pass (1/3 of the compute without recomputation), so
+    # all of it but that window (less its first bucket's share) stays exposed; with full
+    # recomputation the window is 3/8 of the compute.
     w = plan.Workload(7e9, 4096, 1024, n_tokens=2e12, n_layers=32, d_model=4096)
     hw = plan.cluster("H100", 512, storage_read_bytes_per_s=1e12, fabric_link="Ethernet-100G",
                       nics_per_node=1)
     layout = plan.Layout(dp=512)
-    exposed = plan.predict(w, hw, layout, NO_OVERLAP)
-    full = plan.predict(w, hw, layout, replace(NO_OVERLAP, dp_overlap=1.0))
-    assert exposed.dp_comm_s > 2 / 3 * exposed.compute_s
-    assert full.dp_comm_s == pytest.approx(exposed.dp_comm_s - 2 / 3 * exposed.compute_s)
-    again = plan.predict(replace(w, recompute=True), hw, layout, replace(NO_OVERLAP,
-                                                                        dp_overlap=1.0))
-    assert again.dp_comm_s == pytest.approx(exposed.dp_comm_s - 3 / 4 * again.compute_s)
+    overlap = replace(NO_OVERLAP, overlap_grad_reduce=True)
+    for policy in ("flash", "full"):
+        exposed = plan.predict(replace(w, recompute=policy), hw, layout, NO_OVERLAP)
+        hidden = plan.predict(replace(w, recompute=policy), hw, layout, overlap)
+        window_s = _backward_window_s(hidden, 2)
+        share = {"flash": 1 / 3, "full": 3 / 8}[policy]
+        assert window_s == pytest.approx(share * hidden.compute_s)
+        assert exposed.dp_comm_s > window_s
+        # 7e9 parameters in buckets of max(4e7, 1e6 x 512) = 5.12e8: 14 of them
+        assert hidden.dp_comm_s == pytest.approx(
+            exposed.dp_comm_s - window_s * (1 - 1 / 14), rel=1e-12)
+        print(f"{policy}: all-reduce {exposed.dp_comm_s:.3f} s, window {window_s:.3f} s, "
+              f"exposed {hidden.dp_comm_s:.3f} s")
 
 
 def test_plans_say_where_the_network_model_is_unvalidated():
@@ -299,9 +361,9 @@ def test_weak_fabric_is_the_bottleneck():
     # the same all-reduce inside one node runs on NVLink: the node interconnect, not the fabric
     one_node = plan.cluster("H100", 8, storage_read_bytes_per_s=20e9)
     small = plan.Workload(1e9, 1024, 64, n_tokens=1e9)
-    slow_compute = plan.Assumptions(compute_efficiency=0.001, dp_overlap=0.0)
+    slow_compute = plan.Assumptions(compute_efficiency=0.001, overlap_grad_reduce=False)
     assert plan.predict(small, one_node, plan.Layout(dp=8), slow_compute).bottleneck == "compute"
-    fast_compute = plan.Assumptions(compute_efficiency=1.0, dp_overlap=0.0)
+    fast_compute = plan.Assumptions(compute_efficiency=1.0, overlap_grad_reduce=False)
     tiny_batch = plan.Workload(1e9, 128, 8, n_tokens=1e9)
     # ZeRO-0: each GPU's Adam step over all 1e9 parameters (28 bytes each over HBM, 8 ms)
     # outlasts the all-reduce; sharded over the 8 GPUs (ZeRO-1) it no longer does
@@ -415,6 +477,26 @@ def test_cli_plan_end_to_end():
     table = result.stdout.splitlines()
     first_row = table.index(plan.format_plans(best).splitlines()[1])
     assert ("validated" if best[0].validated else "unvalidated") in table[first_row].split()
+
+
+def test_cli_plan_overlap_flags_are_the_assumptions():
+    from clusterlab import __main__ as cli
+    import io
+    import contextlib
+    args = ["plan", "--params", "70e9", "--tokens", "2e12", "--gpus", "1024", "--layers", "80",
+            "--d-model", "8192", "--top", "2"]
+    for flags, assumptions in (
+            (["--no-overlap"], plan.Assumptions(overlap_grad_reduce=False)),
+            (["--bucket-params", "1000000000"], plan.Assumptions(grad_bucket_params=10**9))):
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            assert cli.main(args + flags) == 0
+        assert plan.format_plans(plan.rank_layouts(W70, HW1024, assumptions, limit=2)) \
+            in out.getvalue()
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        assert cli.main(args + ["--bucket-params", "0"]) == 2
+    assert "grad_bucket_params must be a positive integer" in err.getvalue()
 
 
 def test_cli_plan_prints_unvalidated_regimes():
@@ -540,5 +622,5 @@ def test_fabric_comparison_holds_compute_at_its_stated_fraction():
     assert fraction == pytest.approx(0.75, abs=0.01)
     assert step.model_flops / step.compute_s / (cluster.n_gpus * 989e12) == pytest.approx(0.5)
     constant = plan.predict(workload, cluster, layout,
-                            plan.Assumptions(compute_efficiency=0.5, dp_overlap=0.0))
+                            plan.Assumptions(compute_efficiency=0.5, overlap_grad_reduce=False))
     assert constant.compute_s == pytest.approx(step.compute_s, rel=1e-9)

@@ -33,6 +33,9 @@ W70 = plan.Workload(70e9, 4096, 512, n_tokens=1e12, n_layers=80, d_model=8192, n
                     vocab_size=128_256)
 
 
+NO_OVERLAP = plan.Assumptions(overlap_grad_reduce=False)
+
+
 def _cluster(n_gpus: int):
     return plan.cluster("H100", n_gpus, storage_read_bytes_per_s=1e12)
 
@@ -54,15 +57,20 @@ from dataclasses import replace
 from clusterlab import plan
 from clusterlab.plan.search import SearchSpace, search_layouts
 fields = json.loads(sys.argv[2])
-rows = [[r.run, r.predicted] + [getattr(r.plan, f) for f in fields]
+# overlap off: the old planner's fixed fraction and the modelled window differ by design
+def no_overlap(assumptions=plan.Assumptions()):
+    return replace(assumptions, dp_overlap=0.0)
+rows = [[r.run] + [getattr(plan.predict(r.plan.workload, r.plan.hardware, r.plan.layout,
+                                        no_overlap(r.plan.assumptions)), f) for f in fields]
         for r in plan.validation_table()]
 w = plan.Workload(70e9, 4096, 512, n_tokens=1e12, n_layers=80, d_model=8192, n_heads=64,
                   vocab_size=128_256)
 c = plan.cluster("H100", 512, storage_read_bytes_per_s=1e12)
-layouts = [[getattr(plan.predict(replace(w, recompute=policy), c, plan.Layout(**kwargs)), f)
+layouts = [[getattr(plan.predict(replace(w, recompute=policy), c, plan.Layout(**kwargs),
+                                 no_overlap()), f)
             for f in fields] for kwargs, policy in json.loads(sys.argv[1])]
-found = search_layouts(w, c, space=SearchSpace(micro_batches=(1, 2), virtual_stages=(1, 2)),
-                       limit=8)
+found = search_layouts(w, c, no_overlap(),
+                       space=SearchSpace(micro_batches=(1, 2), virtual_stages=(1, 2)), limit=8)
 search = [found.n_candidates, [[str(p.layout), p.workload.recompute_policy, p.step_s]
                                for p in found.plans]]
 import clusterlab.plan.workload as workload
@@ -73,7 +81,9 @@ print(json.dumps([workload.__file__, hasattr(plan.Layout(), "ep"), rows, layouts
 def test_ep_1_prices_every_dense_model_exactly_as_the_planner_before_experts(tmp_path):
     """The planner before experts (lib/clusterlab/plan at EP_COMMIT's parent, on the same
     rest of the library) and this one agree to the last bit: every row of the validation
-    table, four dense layouts of a 70B model, and a default-space search's ranking."""
+    table, four dense layouts of a 70B model, and a default-space search's ranking, with the
+    data-parallel overlap off in both (the old planner hid a fixed fraction; this one models
+    the backward window)."""
     where, has_ep, old_rows, old_layouts, (old_candidates, old_ranking) = run_old_planner(
         EP_COMMIT, tmp_path, OLD_SCRIPT, DENSE_LAYOUTS, FIELDS)
     assert where.startswith(str(tmp_path)) and not has_ep   # the old planner ran, without ep
@@ -82,18 +92,20 @@ def test_ep_1_prices_every_dense_model_exactly_as_the_planner_before_experts(tmp
     assert [r.run for r in rows] == [r[0] for r in old_rows] and len(rows) == 12
     for row, before in zip(rows, old_rows):
         assert row.plan.layout.ep == 1 and row.plan.workload.moe is None
-        now = [row.predicted] + [getattr(row.plan, f) for f in FIELDS]
+        again = plan.predict(row.plan.workload, row.plan.hardware, row.plan.layout,
+                             replace(row.plan.assumptions, overlap_grad_reduce=False))
+        now = [getattr(again, f) for f in FIELDS]
         assert now == before[1:], (row.run, now, before)
     for (kwargs, policy), before in zip(DENSE_LAYOUTS, old_layouts):
         p = plan.predict(replace(W70, recompute=policy), _cluster(512),
-                         plan.Layout(**kwargs, ep=1))
+                         plan.Layout(**kwargs, ep=1), NO_OVERLAP)
         assert [getattr(p, f) for f in FIELDS] == before, (kwargs, policy)
         assert p.ep_comm_s == 0.0 and p.ep_estimate is None
         assert plan.EP_TERM not in p.breakdown()
     space = SearchSpace(micro_batches=(1, 2), virtual_stages=(1, 2))
     assert space.ep == (1,) and SearchSpace().ep == (1,)
     for searched in (space, replace(space, ep=(1,))):
-        found = search_layouts(W70, _cluster(512), space=searched, limit=8)
+        found = search_layouts(W70, _cluster(512), NO_OVERLAP, space=searched, limit=8)
         assert found.n_candidates == old_candidates
         assert [[str(p.layout), p.workload.recompute_policy, p.step_s]
                 for p in found.plans] == old_ranking
@@ -277,14 +289,13 @@ def test_expert_gradients_are_reduced_over_the_gpus_that_hold_the_same_experts()
     """dp 16 x tp 4 x ep 8: the dense gradients over the 16 dp GPUs (2 per node, 8 nodes),
     the experts' over the 2 that hold the same experts (8 dp ranks apart: 2 nodes)."""
     c = _cluster(64)
-    no_overlap = plan.Assumptions(dp_overlap=0.0)
-    p = plan.predict(MIXTRAL, c, plan.Layout(dp=16, tp=4, ep=8), no_overlap)
+    p = plan.predict(MIXTRAL, c, plan.Layout(dp=16, tp=4, ep=8), NO_OVERLAP)
     dense_bytes = (46.7e9 - MIXTRAL.expert_params) / 4 * 2
     expert_bytes = MIXTRAL.expert_params / 32 * 2
     expected = (plan.dp_all_reduce_s(dense_bytes, 2, 8, c)
                 + plan.dp_all_reduce_s(expert_bytes, 1, 2, c))
     assert p.dp_comm_s == pytest.approx(expected, rel=1e-12)
-    without = plan.predict(MIXTRAL, c, plan.Layout(dp=16, tp=4), no_overlap)
+    without = plan.predict(MIXTRAL, c, plan.Layout(dp=16, tp=4), NO_OVERLAP)
     assert without.dp_comm_s == pytest.approx(
         plan.dp_all_reduce_s(46.7e9 / 4 * 2, 2, 8, c), rel=1e-12)
     assert p.dp_comm_s < without.dp_comm_s

@@ -3,8 +3,8 @@
 Every published figure below is compared with what ``clusterlab`` predicts for the same
 configuration from datasheet numbers and the planner's *default* assumptions
 (``plan.Assumptions()``: compute priced per GEMM by ``clusterlab.gemm`` from SM counts, HBM
-bandwidth and a published matmul benchmark's ceiling, half of the data-parallel all-reduce
-hidden). Nothing is fitted to these runs. Each test states the error found when it was written
+bandwidth and a published matmul benchmark's ceiling, the data-parallel all-reduce hidden only
+behind the backward pass of a step's last micro-batch, as Megatron Core overlaps it). Nothing is fitted to these runs. Each test states the error found when it was written
 (``(predicted - published) / published``) and asserts it stays within a stated tolerance, so a
 change to the models that moves a prediction shows up here.
 
@@ -16,10 +16,10 @@ figure                                           published   predicted   error
 ==============================================  ==========  ==========  =======
 ring all-reduce busbw, 8 x H100 (NCCL #1455)     367.5 GB/s  353.5 GB/s  -3.8%
 NVLink SHARP all-reduce busbw, 8 x H100          480 GB/s    474.0 GB/s  -1.3%
-Megatron-LM 1T, 3072 A100 (HFU, recompute)       52%         62.0%       +19%
-PaLM 540B, 6144 TPU v4 (MFU)                     46.2%       46.8%       +1.4%
-Llama 3 405B, 8192 H100 (MFU)                    43%         42.9%       -0.2%
-Llama 3 405B, 16384 H100 (MFU)                   41%         32.7%       -20%
+Megatron-LM 1T, 3072 A100 (HFU, recompute)       52%         61.9%       +19%
+PaLM 540B, 6144 TPU v4 (MFU)                     46.2%       47.1%       +2.0%
+Llama 3 405B, 8192 H100 (MFU)                    43%         43.0%       -0.0%
+Llama 3 405B, 16384 H100 (MFU)                   41%         32.8%       -20%
 Korthikanti Table 5, 8 rows (iteration time)     see below               -7% to -14%
 ==============================================  ==========  ==========  =======
 
@@ -118,14 +118,15 @@ def test_megatron_1t_on_3072_a100():
     # it, 39%.
     row = _row("Megatron-LM 1T, 3072 A100")
     predicted = row.plan
-    # Error +19.2% (predicted HFU 62.0%; +27.5% before the output layer): per GEMM the layer
+    # Error +19.1% (predicted HFU 61.9%; +19.2% with a fixed half of the all-reduce hidden,
+    # +27.5% before the output layer was priced): per GEMM the layer
     # reaches 81% of peak (the A100's matmul ceiling 86.9% less wave quantization and the
     # memory-bound attention GEMMs and element-wise kernels); the bubble (10% of the step),
     # the tensor-parallel all-reduces (8%) and the last stage's output layer (5%: two layers a
     # stage and the 51,200 x 25600 logits) lower it. Megatron's 2021 kernels reached less of the
     # peak than the 2025 benchmark's: over-predicted, within the 25% goal.
     assert row.metric == "HFU" and row.published == 0.52
-    assert row.error == pytest.approx(0.192, abs=0.01)
+    assert row.error == pytest.approx(0.191, abs=0.01)
     assert abs(row.error) < 0.25
     assert predicted.output_layer_s / predicted.step_s == pytest.approx(0.046, abs=0.01)
     assert predicted.mfu == pytest.approx(0.75 * predicted.hfu)
@@ -140,20 +141,22 @@ def test_palm_540b_on_6144_tpu_v4():
     # interconnect (ICI) gives each chip 1.1 PB/s / 4096 [google_tpu_v4]. PaLM rematerialized
     # only part of the forward pass (HFU 57.8% = 1.25 x MFU); the planner's is all of it (4/3).
     row = _row("PaLM 540B, 6144 TPU v4")
-    # Error +1.4% (predicted 46.8%; +2.0% before the output layer): the TPU's GEMMs at the
+    # Error +2.0% (predicted 47.1%; +1.4% with a fixed half of the all-reduce hidden, whose
+    # reduction over the two pods the last micro-batch's backward now hides): the TPU's GEMMs at the
     # unmeasured GPU's ceiling (72.9%) without wave quantization; full recomputation (-6%
     # against PaLM's 1.25) and the tensor-parallel all-reduces (8% of the step), priced as NCCL
     # would on NVLink, lower it. Nothing here is validated for a TPU: the plan says so.
-    assert row.error == pytest.approx(0.014, abs=0.01)
+    assert row.error == pytest.approx(0.020, abs=0.01)
     assert abs(row.error) < 0.10
     assert not row.plan.validated
 
 
 @pytest.mark.parametrize("name, expected_error, tolerance", [
     # Dubey et al. 2024, Table 4 [dubey2024] (published.training_runs.LLAMA3_405B): 8192 GPUs,
-    # dp 64, 43% BF16 MFU; 16384 GPUs, dp 128, 41%. Before the output layer: +4.4%, -17.4%.
-    ("Llama 3 405B, 8192 H100", -0.002, 0.10),       # predicted 42.9%
-    ("Llama 3 405B, 16384 H100", -0.202, 0.25),      # predicted 32.7%
+    # dp 64, 43% BF16 MFU; 16384 GPUs, dp 128, 41%. With a fixed half of the all-reduce hidden:
+    # -0.2%, -20.2%; before the output layer was priced: +4.4%, -17.4%.
+    ("Llama 3 405B, 8192 H100", -0.000, 0.10),       # predicted 43.0%
+    ("Llama 3 405B, 16384 H100", -0.200, 0.25),      # predicted 32.8%
 ])
 def test_llama3_405b_on_h100(name, expected_error, tolerance):
     row = _row(name)
@@ -168,14 +171,14 @@ def test_llama3_405b_on_h100(name, expected_error, tolerance):
 def test_llama3_error_is_the_bubble():
     # The claim in the comment above, checked: with an interleaved schedule of v = 4 chunks
     # per GPU (an illustration, not a figure from the paper) the bubble is a quarter and the
-    # planner over-predicts the MFU at 16384 GPUs (+20%) where the plain schedule
+    # planner over-predicts the MFU at 16384 GPUs (+21%) where the plain schedule
     # under-predicts it (-20%): the published run lies between the two schedules.
     run = training_runs.LLAMA3_405B[1]
     plain = plan.validation.llama3_plan(run)
     interleaved = plan.validation.llama3_plan(run, virtual_stages=4)
     assert interleaved.bubble_s == pytest.approx(plain.bubble_s / 4)
     assert plain.mfu < run.mfu < interleaved.mfu
-    assert _error(interleaved.mfu, run.mfu) == pytest.approx(0.202, abs=0.02)
+    assert _error(interleaved.mfu, run.mfu) == pytest.approx(0.206, abs=0.02)
     assert plain.bubble_s / plain.step_s > 0.4
 
 
@@ -243,7 +246,7 @@ def test_korthikanti_errors_by_regime():
     medians = {name: s["median_abs_error"] for name, s in summary.items()}
     print({name: f"{m:.1%}" for name, m in medians.items()})
     expected = {"all": 0.090, "Korthikanti 22B": 0.109, "Korthikanti 175B-1T": 0.090,
-                "utilization": 0.103, "Korthikanti full": 0.080,
+                "utilization": 0.106, "Korthikanti full": 0.080,
                 "Korthikanti selective": 0.121}
     assert medians == pytest.approx(expected, abs=0.01)
     korthikanti = [r for r in ROWS.values() if r.run.startswith("Korthikanti")]

@@ -245,9 +245,13 @@ def _plan_parser(commands) -> None:
     plan.add_argument("--efficiency", type=float, default=None,
                       help="fraction of peak FLOP/s of every kernel (default: the library's "
                            "compute model, per GEMM)")
-    plan.add_argument("--overlap", type=float, default=0.5,
-                      help="hidden fraction of the data-parallel all-reduce, at most the "
-                           "backward pass (0.5)")
+    plan.add_argument("--no-overlap", action="store_true",
+                      help="reduce the gradients after the backward pass, none hidden "
+                           "(default: in buckets during the last micro-batch's backward pass, "
+                           "Megatron's overlap_grad_reduce)")
+    plan.add_argument("--bucket-params", type=int, default=None,
+                      help="parameters per gradient bucket (default: Megatron's "
+                           "max(4e7, 1e6 x dp))")
     plan.add_argument("--reserve", type=float, default=0.1,
                       help="fraction of GPU memory kept free for workspace (0.1)")
     plan.add_argument("--top", type=int, default=10, help="layouts to show (10)")
@@ -315,7 +319,9 @@ def _plan(args: argparse.Namespace) -> None:
                              recompute=args.recompute or RECOMPUTE_POLICIES,
                              zero_stages=args.zero, cp=args.context_parallel,
                              ep=args.expert_parallel, pp=args.pipeline_parallel)
-    assumptions = plan.Assumptions(compute_efficiency=args.efficiency, dp_overlap=args.overlap,
+    assumptions = plan.Assumptions(compute_efficiency=args.efficiency,
+                                   overlap_grad_reduce=not args.no_overlap,
+                                   grad_bucket_params=args.bucket_params,
                                    activation_reserve=args.reserve)
     if args.gpus is None:
         if args.budget_days is None or args.tokens is None:

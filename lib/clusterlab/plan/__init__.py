@@ -46,8 +46,8 @@ from clusterlab.plan.search import (Refusal, SearchResult, SearchSpace, best_pla
                                     candidate_layouts, describe_plan, format_plans,
                                     format_refusals, gpus_needed, rank_layouts, search_layouts)
 from clusterlab.plan.step import (BACKWARD_FRACTION, StepTime,
-                                  data_parallel_step, default_shape, hidden_all_reduce_s,
-                                  model_shape)
+                                  data_parallel_step, default_shape, exposed_bucketed_reduce_s,
+                                  hidden_all_reduce_s, megatron_bucket_params, model_shape)
 from clusterlab.plan.workload import EXPERT_MATRICES, Assumptions, Layout, MoE, Workload, cluster
 from clusterlab.plan import validation
 from clusterlab.plan.validation import validation_table
@@ -58,6 +58,7 @@ __all__ = [
     "Layout", "MoE", "Plan", "Refusal", "broken_rule", "SearchResult", "SearchSpace", "StepTime", "Workload", "best_plan", "candidate_layouts", "cluster",
     "cluster_power_w", "data_parallel_step", "default_shape", "describe_plan", "dp_all_reduce",
     "dp_all_reduce_s", "cp_collectives_per_layer", "ep_all_to_alls_per_layer",
+    "exposed_bucketed_reduce_s", "megatron_bucket_params",
     "expert_all_to_all_bytes", "kv_all_gather_bytes", "fabric_step", "facility_power_w", "format_plans", "format_refusals", "gpus_needed",
     "gpus_within_power", "hidden_all_reduce_s", "model_shape", "network_to_match",
     "peak_flops_per_facility_w", "predict", "predict_published", "rank_layouts", "search_layouts",

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field, replace
 from clusterlab import costmodel, flops, gemm, memory, moe, storage
 from clusterlab.hardware import ClusterSpec
 from clusterlab.plan._network import all_reduce, collective, group_of
-from clusterlab.plan.step import hidden_all_reduce_s
+from clusterlab.plan.step import exposed_bucketed_reduce_s, megatron_bucket_params
 from clusterlab.plan.workload import Assumptions, Layout, Workload
 from clusterlab.plan.workload import cluster as plan_cluster
 from clusterlab.published import training_runs
@@ -86,6 +86,9 @@ class Plan:
     tp_estimate: costmodel.CollectiveEstimate | None = field(default=None, compare=False)
     #: one context-parallel K/V all-gather's estimate (None without cp)
     cp_estimate: costmodel.CollectiveEstimate | None = field(default=None, compare=False)
+    #: the data-parallel reduction's seconds before any of it hides (dp_comm_s is what the last
+    #: micro-batch's backward window leaves exposed, _data_parallel); 0 without dp
+    dp_reduce_s: float = 0.0
     #: expert parallelism's dispatch and combine all-to-alls, forward and backward, not hidden
     #: (_expert_parallel); 0 without ep. Unvalidated: no published MoE training row.
     ep_comm_s: float = 0.0
@@ -564,27 +567,31 @@ def _bubble_s(work_s: float, layout: Layout, microbatches: int) -> float:
 
 
 def _data_parallel(workload: Workload, cluster: ClusterSpec, layout: Layout,
-                   assumptions: Assumptions,
-                   compute_s: float) -> tuple[float, costmodel.CollectiveEstimate | None]:
-    """Exposed seconds of the data-parallel all-reduce and its estimate.
+                   assumptions: Assumptions, compute_s: float,
+                   microbatches: int) -> tuple[float, float, costmodel.CollectiveEstimate | None]:
+    """(exposed seconds, unhidden seconds) of the data-parallel reduction, and its estimate.
 
     :func:`dp_all_reduce` of the GPU's gradients (BF16, FP32 with ``fp32_grad_accumulation``)
     over the ``dp * cp`` GPUs that hold the same parameters (:func:`_dp_placement`),
     x ``dp_contention_factor`` when the group spans nodes, x 1.5 for ZeRO-3 (its extra
-    parameter all-gather), of which ``min(dp_overlap t, t_bwd)`` is hidden
-    (:func:`hidden_all_reduce_s`; ``t_bwd``: the compute less its forward pass, a third of the
-    model's FLOPs: 2/3 of it without recomputation, 3/4 with full recomputation).
+    parameter all-gather). Expert parallelism: the parameters outside the experts as above; the
+    experts' ``N_e / (tp pp ep)`` gradients in a second all-reduce over the ``dp cp / ep`` GPUs
+    that hold the same experts (:func:`_expert_dp_placement`; none when that group is one GPU),
+    the two summed. The estimate kept is the first's.
 
-    Expert parallelism: the parameters outside the experts as above; the experts' ``N_e /
-    (tp pp ep)`` gradients in a second all-reduce over the ``dp cp / ep`` GPUs that hold the
-    same experts (:func:`_expert_dp_placement`; none when that group is one GPU), the two
-    summed before ZeRO-3's factor and the overlap. The estimate kept is the first's.
+    What hides (:func:`_exposed_reduce_s`): with ``overlap_grad_reduce``, Megatron Core
+    reduces the gradients only in the backward pass of a step's last micro-batch
+    (``pipeline_parallel/schedules.py``: the others run under ``no_sync``), bucket by bucket
+    as their gradients appear, so the window is ``t_bwd / m``, one micro-batch's backward
+    (``t_bwd``: the compute less its forward pass, 2/3 of it without recomputation, 3/4 with
+    full recomputation), and the last bucket is always exposed.
     """
     if layout.dp * layout.cp == 1:
-        return 0.0, None
+        return 0.0, 0.0, None
     grad_value_bytes = (memory.FP32_GRAD_BYTES if assumptions.fp32_grad_accumulation
                         else BYTES_PER_VALUE)
-    (dense_params, _), *expert_group = _params_per_gpu(workload, layout)
+    groups = _params_per_gpu(workload, layout)
+    (dense_params, _), *expert_group = groups
     local, nodes = _dp_placement(layout, cluster)
     estimate = dp_all_reduce(dense_params * grad_value_bytes, local, nodes, cluster)
     all_reduce_s = estimate.time_s
@@ -597,10 +604,32 @@ def _data_parallel(workload: Workload, cluster: ClusterSpec, layout: Layout,
         if experts is not None:
             all_reduce_s += experts.time_s * (assumptions.dp_contention_factor
                                               if expert_nodes > 1 else 1.0)
-    dp_s = (1.5 if layout.zero_stage == 3 else 1.0) * all_reduce_s
+    reduce_s = (1.5 if layout.zero_stage == 3 else 1.0) * all_reduce_s
     backward_s = compute_s * (1 - workload.flops_per_token / 3
                               / workload.hardware_flops_per_token)
-    return dp_s - hidden_all_reduce_s(dp_s, assumptions.dp_overlap, backward_s), estimate
+    exposed_s = _exposed_reduce_s(reduce_s, backward_s / microbatches,
+                                  [params for params, _ in groups], layout, assumptions)
+    return exposed_s, reduce_s, estimate
+
+
+def _exposed_reduce_s(reduce_s: float, window_s: float, group_params: list[float],
+                      layout: Layout, assumptions: Assumptions) -> float:
+    """The part of ``reduce_s`` the last micro-batch's backward window leaves exposed
+    (:func:`clusterlab.plan.step.exposed_bucketed_reduce_s`), in buckets of
+    ``grad_bucket_params`` (None: Megatron's ``max(4e7, 1e6 dp)``,
+    :func:`clusterlab.plan.step.megatron_bucket_params`), each parameter group (the dense
+    parameters, the experts') bucketed apart as Megatron's separate expert buffers are; all of
+    it without ``overlap_grad_reduce``.
+
+    The window is the busiest stage's. Megatron gives later pipeline stages one bucket (their
+    reduction runs while earlier stages drain, off the critical path, its comment says); the
+    planner prices every stage as the first, which can only over-state what is exposed.
+    """
+    if not assumptions.overlap_grad_reduce:
+        return reduce_s
+    bucket = assumptions.grad_bucket_params or megatron_bucket_params(layout.dp)
+    n_buckets = sum(math.ceil(params / bucket) for params in group_params)
+    return exposed_bucketed_reduce_s(reduce_s, window_s, n_buckets)
 
 
 def kv_all_gather_bytes(workload: Workload, layout: Layout) -> float:
@@ -635,8 +664,8 @@ def _context_parallel(workload: Workload, cluster: ClusterSpec, layout: Layout,
     nccl-tests counts it, is ``cp`` times that: the gathered K and V), each priced by
     :func:`clusterlab.costmodel.cluster_collective` on the GPUs the cp group spans
     (:func:`_cp_placement`: inside a node when ``tp * cp`` fits in one, else across nodes
-    with its share of their NICs). None is hidden: the planner's only overlap assumption,
-    ``Assumptions.dp_overlap``, covers the data-parallel all-reduce, not these.
+    with its share of their NICs). None is hidden: the planner's only overlap,
+    ``Assumptions.overlap_grad_reduce``, covers the data-parallel reduction, not these.
     """
     if layout.cp == 1:
         return 0.0, None
@@ -727,8 +756,8 @@ def predict(workload: Workload, cluster: ClusterSpec, layout: Layout,
     * pipeline sends: activations forward and gradients back, not hidden;
     * pipeline bubble: :func:`clusterlab.costmodel.pipeline_bubble_fraction` of the pipeline's
       time, ``(p-1)/(v m)`` of compute and tensor-parallel time;
-    * data parallel: :func:`dp_all_reduce` of the gradients, less what hides behind the
-      backward pass;
+    * data parallel: :func:`dp_all_reduce` of the gradients in Megatron's buckets, less what
+      hides behind the last micro-batch's backward pass (:func:`_data_parallel`);
     * optimizer step (:func:`_optimizer_s`): Adam's bytes over HBM, sharded by ZeRO;
     * storage: the step's data, prefetched: only the excess over the rest is waited for.
 
@@ -757,7 +786,8 @@ def predict(workload: Workload, cluster: ClusterSpec, layout: Layout,
     ep_s, ep_estimate = _expert_parallel(workload, cluster, layout, m)
     pp_s = _pipeline_sends_s(workload, cluster, layout, m)
     bubble_s = _bubble_s(compute_s - output_s + tp_s + cp_s + ep_s, layout, m)
-    dp_s, dp_estimate = _data_parallel(workload, cluster, layout, assumptions, compute_s)
+    dp_s, dp_reduce_s, dp_estimate = _data_parallel(workload, cluster, layout, assumptions,
+                                                    compute_s, m)
     optimizer_s = _optimizer_s(workload, cluster, layout, assumptions)
     wait_s, load_s = _storage(workload, cluster, compute_s + tp_s + cp_s + ep_s + pp_s
                               + bubble_s + dp_s + optimizer_s)
@@ -767,7 +797,7 @@ def predict(workload: Workload, cluster: ClusterSpec, layout: Layout,
                 states_bytes=states_bytes, activation_bytes=activation_bytes,
                 compute_s=compute_s, tp_comm_s=tp_s, cp_comm_s=cp_s, pp_comm_s=pp_s,
                 bubble_s=bubble_s,
-                dp_comm_s=dp_s, data_wait_s=wait_s, load_s=load_s, output_layer_s=output_s,
+                dp_comm_s=dp_s, dp_reduce_s=dp_reduce_s, data_wait_s=wait_s, load_s=load_s, output_layer_s=output_s,
                 optimizer_s=optimizer_s,
                 model_flops_per_step=workload.tokens_per_step * workload.flops_per_token,
                 hardware_flops_per_step=(workload.tokens_per_step

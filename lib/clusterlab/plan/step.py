@@ -1,7 +1,9 @@
 """The data-parallel step: compute plus the part of the gradient all-reduce left exposed.
 
-Shared by the planner (:mod:`clusterlab.plan.prediction`, which hides its data-parallel
-all-reduce the same way) and the fabric comparison (:mod:`clusterlab.plan.fabric_comparison`).
+Used by the fabric comparison (:mod:`clusterlab.plan.fabric_comparison`), which hides a stated
+fraction of the all-reduce (chapter 8's eta), and by the planner
+(:mod:`clusterlab.plan.prediction`), which models what Megatron hides instead: its buckets
+reduced during the last micro-batch's backward pass (:func:`exposed_bucketed_reduce_s`).
 Its FLOPs are the course's one MFU numerator, :func:`clusterlab.flops.transformer_flops_per_token`
 (PaLM's ``6N + 12 L s d``).
 """
@@ -78,6 +80,48 @@ def hidden_all_reduce_s(all_reduce_s: float, overlap: float, backward_s: float) 
         Seconds hidden.
     """
     return min(overlap * all_reduce_s, backward_s)
+
+
+#: Megatron Core's default gradient bucket, in parameters: ``max(4e7, 1e6 * dp)``
+#: (``DistributedDataParallelConfig.bucket_size``, Megatron Core 0.7: "larger DP sizes need
+#: larger buckets to ensure collectives do not become latency-bound").
+MIN_BUCKET_PARAMS = 40_000_000
+BUCKET_PARAMS_PER_DP_RANK = 1_000_000
+
+
+def megatron_bucket_params(dp: int) -> int:
+    """Parameters per gradient bucket by Megatron Core's default, ``max(4e7, 1e6 dp)`` for a
+    data-parallel group of ``dp`` GPUs (``DistributedDataParallel.__init__``, Megatron Core
+    0.7; ``dp`` without context parallelism, as ``get_data_parallel_world_size()`` counts)."""
+    return max(MIN_BUCKET_PARAMS, BUCKET_PARAMS_PER_DP_RANK * count("dp", dp))
+
+
+def exposed_bucketed_reduce_s(reduce_s: float, window_s: float, n_buckets: int) -> float:
+    """Seconds of a bucketed gradient reduction left exposed after a backward window.
+
+    Megatron Core's ``overlap_grad_reduce`` launches a bucket's collective as soon as the
+    backward pass has produced its gradients, one bucket after another on one stream. With
+    ``n`` buckets ready evenly over the ``window_s`` of backward compute, each taking ``t/n``
+    of the reduction's ``t`` seconds, the last finishes ``max(t/n, t - window (1 - 1/n))``
+    after the window ends: the last bucket is always exposed (it is ready only when the
+    backward pass ends); when the reduction outruns its buckets, all of it but the window from
+    the first bucket's readiness on is. Splitting ``t`` evenly also splits the collectives'
+    latency, an approximation that holds while buckets are large enough to be bandwidth-bound,
+    which is what Megatron sizes them for (:func:`megatron_bucket_params`).
+
+    Args:
+        reduce_s: seconds of the whole reduction, unhidden (>= 0).
+        window_s: seconds of backward compute it may overlap (>= 0).
+        n_buckets: buckets the gradients are reduced in (>= 1).
+
+    Returns:
+        Exposed seconds, between ``reduce_s / n_buckets`` and ``reduce_s``.
+    """
+    n = count("n_buckets", n_buckets)
+    if reduce_s < 0 or window_s < 0:
+        raise ValueError(f"reduce_s and window_s are durations >= 0; got {reduce_s}, "
+                         f"{window_s}.")
+    return max(reduce_s / n, reduce_s - window_s * (1 - 1 / n))
 
 
 def default_shape(n_params: float) -> tuple[int, int]:

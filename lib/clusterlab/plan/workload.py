@@ -377,8 +377,14 @@ class Assumptions:
     #: matmul benchmark's ceiling, the memory-bound regime); a number: the fraction of peak
     #: FLOP/s every kernel reaches, a calibration from a measurement (lab 08's)
     compute_efficiency: float | None = None
-    dp_overlap: float = 0.5           # fraction of the data-parallel all-reduce hidden, at most
-    #                                   the backward pass's time (hidden_all_reduce_s)
+    #: Megatron Core's overlap_grad_reduce: gradients reduced bucket by bucket during the
+    #: backward pass of a step's last micro-batch (prediction._data_parallel); False: after it,
+    #: all of the reduction exposed. Megatron Core's own default is False; its training recipes
+    #: (and Megatron-Bridge's) turn it on, as the planner does.
+    overlap_grad_reduce: bool = True
+    #: parameters per gradient bucket; None: Megatron Core's max(4e7, 1e6 dp)
+    #: (step.megatron_bucket_params)
+    grad_bucket_params: int | None = None
     activation_reserve: float = 0.1   # fraction of GPU memory kept free (workspace, fragments)
     #: Gradients kept and all-reduced in FP32 (Megatron-LM's BF16 default: 18 bytes of model
     #: states per parameter, memory.training_memory_per_device); False: the ZeRO paper's 16.
@@ -399,9 +405,11 @@ class Assumptions:
             if efficiency > 1:
                 raise ValueError(f"compute_efficiency is a fraction of peak, at most 1 (or None "
                                  f"for the per-GEMM model); got {efficiency}.")
-        overlap = number("dp_overlap", self.dp_overlap)
-        if not 0 <= overlap <= 1:
-            raise ValueError(f"dp_overlap is a fraction in [0, 1]; got {overlap}.")
+        if not isinstance(self.overlap_grad_reduce, bool):
+            raise ValueError(f"overlap_grad_reduce is True or False; got "
+                             f"{self.overlap_grad_reduce!r}.")
+        if self.grad_bucket_params is not None:
+            count("grad_bucket_params", self.grad_bucket_params)
         reserve = number("activation_reserve", self.activation_reserve)
         if not 0 <= reserve < 1:
             raise ValueError(f"activation_reserve is a fraction in [0, 1); got {reserve}.")
