@@ -462,6 +462,10 @@ def test_format_plans_has_one_row_per_plan():
     assert f"NCCL {costmodel.NCCL_RELEASE}" in lines[-1]
     usable_gb = 0.9 * H100.memory_bytes / 1e9                # a tenth kept free by default
     assert f" activations) of {usable_gb:.1f} GB usable" in plan.describe_plan(plans[0])
+    assert (f"data-parallel reduction: {first.dp_reduce_s:.3f} s per step, reduced in buckets "
+            f"during the last micro-batch's backward pass") in plan.describe_plan(first)
+    assert f"{first.dp_comm_s:.3f} s exposed" in plan.describe_plan(first)
+    assert first.dp_comm_s < first.dp_reduce_s
 
 
 def test_cli_plan_end_to_end():

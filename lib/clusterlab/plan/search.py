@@ -345,6 +345,12 @@ def describe_plan(plan: Plan) -> str:
                 f"regime {estimate.regime}: "
                 + ("validated against published rows" if estimate.validated else
                    "unvalidated (no published rows in this regime)"))
+    if plan.dp_reduce_s > 0:
+        overlap = ("reduced in buckets during the last micro-batch's backward pass (Megatron's "
+                   "overlap_grad_reduce)" if plan.assumptions.overlap_grad_reduce else
+                   "reduced after the backward pass (no overlap)")
+        lines.append(f"data-parallel reduction: {plan.dp_reduce_s:.3f} s per step, "
+                     f"{overlap}: {plan.dp_comm_s:.3f} s exposed")
     if plan.ep_estimate is not None:
         e = plan.ep_estimate
         lines.append(
