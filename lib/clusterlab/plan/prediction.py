@@ -585,6 +585,11 @@ def _data_parallel(workload: Workload, cluster: ClusterSpec, layout: Layout,
     as their gradients appear, so the window is ``t_bwd / m``, one micro-batch's backward
     (``t_bwd``: the compute less its forward pass, 2/3 of it without recomputation, 3/4 with
     full recomputation), and the last bucket is always exposed.
+
+    Not modelled: ZeRO-2 and ZeRO-3 under gradient accumulation. DeepSpeed and FSDP, which
+    shard the gradients, reduce-scatter every micro-batch's (and ZeRO-3 gathers the parameters
+    for every micro-batch's forward and backward, prefetched behind its compute); the planner
+    prices their collectives once per step, as for one micro-batch.
     """
     if layout.dp * layout.cp == 1:
         return 0.0, 0.0, None
