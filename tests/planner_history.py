@@ -48,3 +48,32 @@ def run_old_planner(commit: str, tmp_path: Path, script: str, *args: object) -> 
                          capture_output=True, text=True)
     assert run.returncode == 0, f"the script failed on the old planner:\n{run.stderr[-3000:]}"
     return json.loads(run.stdout)
+
+
+#: what the planner's data-parallel seconds became, with the overlap off, for a ZeRO stage and m
+#: micro-batches since it prices ZeRO-2 and 3 per micro-batch (the old planners: once a step):
+#: ZeRO-2 a reduce-scatter (half an all-reduce) more per earlier micro-batch, ZeRO-3 its
+#: gathers and scatter in every micro-batch
+ZERO_FACTOR = {0: lambda m: 1, 1: lambda m: 1, 2: lambda m: 1 + (m - 1) / 2, 3: lambda m: m}
+#: the fields that follow the data-parallel seconds
+DP_FIELDS = ("dp_comm_s", "step_s", "mfu")
+
+
+def assert_priced_as_before(now, before: dict[str, float], fields: tuple[str, ...]) -> None:
+    """``now`` (a Plan with the overlap off) against the old planner's ``before``: every field
+    bit for bit, except that ZeRO-2 and ZeRO-3 with several micro-batches have their
+    data-parallel seconds scaled by :data:`ZERO_FACTOR`, the step longer by the difference and
+    the MFU lower in proportion (to rounding)."""
+    layout = now.layout
+    microbatches = now.workload.global_batch // (layout.dp * layout.micro_batch)
+    factor = ZERO_FACTOR[layout.zero_stage](microbatches)
+    for f in fields:
+        if factor == 1 or f not in DP_FIELDS:
+            assert getattr(now, f) == before[f], (layout, f, getattr(now, f), before[f])
+    if factor == 1:
+        return
+    step_s = before["step_s"] + (factor - 1) * before["dp_comm_s"]
+    assert now.dp_comm_s == pytest.approx(factor * before["dp_comm_s"], rel=1e-12)
+    assert now.step_s == pytest.approx(step_s, rel=1e-12)
+    if "mfu" in fields:
+        assert now.mfu == pytest.approx(before["mfu"] * before["step_s"] / step_s, rel=1e-12)

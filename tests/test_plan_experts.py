@@ -20,7 +20,7 @@ from clusterlab import costmodel, flops, gemm, memory, moe, plan
 from clusterlab.parallel import experts
 from clusterlab.plan import prediction
 from clusterlab.plan.search import SearchSpace, search_layouts
-from planner_history import run_old_planner
+from planner_history import assert_priced_as_before, run_old_planner
 
 #: the commit that brought experts into the planner (its parent is the planner before them)
 EP_COMMIT = "87219bb"
@@ -70,7 +70,8 @@ layouts = [[getattr(plan.predict(replace(w, recompute=policy), c, plan.Layout(**
                                  no_overlap()), f)
             for f in fields] for kwargs, policy in json.loads(sys.argv[1])]
 found = search_layouts(w, c, no_overlap(),
-                       space=SearchSpace(micro_batches=(1, 2), virtual_stages=(1, 2)), limit=8)
+                       space=SearchSpace(micro_batches=(1, 2), virtual_stages=(1, 2),
+                                         zero_stages=(0, 1)), limit=8)
 search = [found.n_candidates, [[str(p.layout), p.workload.recompute_policy, p.step_s]
                                for p in found.plans]]
 import clusterlab.plan.workload as workload
@@ -83,7 +84,8 @@ def test_ep_1_prices_every_dense_model_exactly_as_the_planner_before_experts(tmp
     rest of the library) and this one agree to the last bit: every row of the validation
     table, four dense layouts of a 70B model, and a default-space search's ranking, with the
     data-parallel overlap off in both (the old planner hid a fixed fraction; this one models
-    the backward window)."""
+    the backward window), but for ZeRO-3's collectives, now run in every micro-batch, and a
+    search over ZeRO 0 and 1."""
     where, has_ep, old_rows, old_layouts, (old_candidates, old_ranking) = run_old_planner(
         EP_COMMIT, tmp_path, OLD_SCRIPT, DENSE_LAYOUTS, FIELDS)
     assert where.startswith(str(tmp_path)) and not has_ep   # the old planner ran, without ep
@@ -94,15 +96,15 @@ def test_ep_1_prices_every_dense_model_exactly_as_the_planner_before_experts(tmp
         assert row.plan.layout.ep == 1 and row.plan.workload.moe is None
         again = plan.predict(row.plan.workload, row.plan.hardware, row.plan.layout,
                              replace(row.plan.assumptions, overlap_grad_reduce=False))
-        now = [getattr(again, f) for f in FIELDS]
-        assert now == before[1:], (row.run, now, before)
+        assert_priced_as_before(again, dict(zip(FIELDS, before[1:])), FIELDS)
     for (kwargs, policy), before in zip(DENSE_LAYOUTS, old_layouts):
         p = plan.predict(replace(W70, recompute=policy), _cluster(512),
                          plan.Layout(**kwargs, ep=1), NO_OVERLAP)
-        assert [getattr(p, f) for f in FIELDS] == before, (kwargs, policy)
+        assert_priced_as_before(p, dict(zip(FIELDS, before)), FIELDS)
         assert p.ep_comm_s == 0.0 and p.ep_estimate is None
         assert plan.EP_TERM not in p.breakdown()
-    space = SearchSpace(micro_batches=(1, 2), virtual_stages=(1, 2))
+    # ZeRO 0 and 1, whose collectives both planners run once a step
+    space = SearchSpace(micro_batches=(1, 2), virtual_stages=(1, 2), zero_stages=(0, 1))
     assert space.ep == (1,) and SearchSpace().ep == (1,)
     for searched in (space, replace(space, ep=(1,))):
         found = search_layouts(W70, _cluster(512), NO_OVERLAP, space=searched, limit=8)

@@ -141,8 +141,9 @@ def test_palm_540b_on_6144_tpu_v4():
     # interconnect (ICI) gives each chip 1.1 PB/s / 4096 [google_tpu_v4]. PaLM rematerialized
     # only part of the forward pass (HFU 57.8% = 1.25 x MFU); the planner's is all of it (4/3).
     row = _row("PaLM 540B, 6144 TPU v4")
-    # Error +2.0% (predicted 47.1%; +1.4% with a fixed half of the all-reduce hidden, whose
-    # reduction over the two pods the last micro-batch's backward now hides): the TPU's GEMMs at the
+    # Error +2.0% (predicted 47.1%; +1.4% with a fixed half of the all-reduce hidden; ZeRO-3's
+    # gathers and scatter of its one micro-batch now hide behind its forward and backward
+    # passes): the TPU's GEMMs at the
     # unmeasured GPU's ceiling (72.9%) without wave quantization; full recomputation (-6%
     # against PaLM's 1.25) and the tensor-parallel all-reduces (8% of the step), priced as NCCL
     # would on NVLink, lower it. Nothing here is validated for a TPU: the plan says so.

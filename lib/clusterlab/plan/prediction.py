@@ -569,27 +569,33 @@ def _bubble_s(work_s: float, layout: Layout, microbatches: int) -> float:
 def _data_parallel(workload: Workload, cluster: ClusterSpec, layout: Layout,
                    assumptions: Assumptions, compute_s: float,
                    microbatches: int) -> tuple[float, float, costmodel.CollectiveEstimate | None]:
-    """(exposed seconds, unhidden seconds) of the data-parallel reduction, and its estimate.
+    """(exposed seconds, unhidden seconds) of the data-parallel collectives, and the estimate
+    of their all-reduce.
 
-    :func:`dp_all_reduce` of the GPU's gradients (BF16, FP32 with ``fp32_grad_accumulation``)
-    over the ``dp * cp`` GPUs that hold the same parameters (:func:`_dp_placement`),
-    x ``dp_contention_factor`` when the group spans nodes, x 1.5 for ZeRO-3 (its extra
-    parameter all-gather). Expert parallelism: the parameters outside the experts as above; the
-    experts' ``N_e / (tp pp ep)`` gradients in a second all-reduce over the ``dp cp / ep`` GPUs
-    that hold the same experts (:func:`_expert_dp_placement`; none when that group is one GPU),
-    the two summed. The estimate kept is the first's.
+    The all-reduce ``A``: :func:`dp_all_reduce` of the GPU's gradients (BF16, FP32 with
+    ``fp32_grad_accumulation``) over the ``dp * cp`` GPUs that hold the same parameters
+    (:func:`_dp_placement`), x ``dp_contention_factor`` when the group spans nodes. Expert
+    parallelism: the parameters outside the experts as above; the experts' ``N_e / (tp pp ep)``
+    gradients in a second all-reduce over the ``dp cp / ep`` GPUs that hold the same experts
+    (:func:`_expert_dp_placement`; none when that group is one GPU), the two summed. The
+    estimate kept is the first's.
 
-    What hides (:func:`_exposed_reduce_s`): with ``overlap_grad_reduce``, Megatron Core
-    reduces the gradients only in the backward pass of a step's last micro-batch
-    (``pipeline_parallel/schedules.py``: the others run under ``no_sync``), bucket by bucket
-    as their gradients appear, so the window is ``t_bwd / m``, one micro-batch's backward
-    (``t_bwd``: the compute less its forward pass, 2/3 of it without recomputation, 3/4 with
-    full recomputation), and the last bucket is always exposed.
+    What runs, per step of ``m`` micro-batches (a reduce-scatter or an all-gather is half of
+    ``A``, as in a ring), and what hides it (:func:`_exposed_reduce_s`):
 
-    Not modelled: ZeRO-2 and ZeRO-3 under gradient accumulation. DeepSpeed and FSDP, which
-    shard the gradients, reduce-scatter every micro-batch's (and ZeRO-3 gathers the parameters
-    for every micro-batch's forward and backward, prefetched behind its compute); the planner
-    prices their collectives once per step, as for one micro-batch.
+    * ZeRO-0 and 1: one ``A`` (ZeRO-1's reduce-scatter and parameter all-gather, as Megatron's
+      distributed optimizer runs them) in the backward pass of the last micro-batch: Megatron
+      Core's ``overlap_grad_reduce`` synchronises only there (``pipeline_parallel/
+      schedules.py``: the others run under ``no_sync``), bucket by bucket as the gradients
+      appear, so the window is ``t_bwd / m`` and the last bucket is always exposed (``t_bwd``:
+      the compute less its forward pass, 2/3 of it without recomputation, 3/4 with full);
+    * ZeRO-2: that, and a reduce-scatter in each earlier micro-batch's backward: a GPU keeps
+      only its shard of the gradients, so it cannot wait for the last micro-batch (DeepSpeed,
+      deepspeedai/DeepSpeed#2252: "gradient reduction is required after every backward");
+    * ZeRO-3: in every micro-batch an all-gather of the parameters for its forward pass, hidden
+      behind that pass, and another for its backward pass with the reduce-scatter of its
+      gradients, hidden behind that one (1.5 ``A`` a micro-batch, Rajbhandari et al. 2020,
+      section 7; the gathers prefetched, as DeepSpeed and FSDP do).
     """
     if layout.dp * layout.cp == 1:
         return 0.0, 0.0, None
@@ -609,17 +615,26 @@ def _data_parallel(workload: Workload, cluster: ClusterSpec, layout: Layout,
         if experts is not None:
             all_reduce_s += experts.time_s * (assumptions.dp_contention_factor
                                               if expert_nodes > 1 else 1.0)
-    reduce_s = (1.5 if layout.zero_stage == 3 else 1.0) * all_reduce_s
     backward_s = compute_s * (1 - workload.flops_per_token / 3
-                              / workload.hardware_flops_per_token)
-    exposed_s = _exposed_reduce_s(reduce_s, backward_s / microbatches,
-                                  [params for params, _ in groups], layout, assumptions)
-    return exposed_s, reduce_s, estimate
+                              / workload.hardware_flops_per_token) / microbatches
+    forward_s = compute_s / microbatches - backward_s       # one micro-batch's passes
+    params = [held for held, _ in groups]
+
+    def exposed(seconds: float, window_s: float) -> float:
+        return _exposed_reduce_s(seconds, window_s, params, layout, assumptions)
+
+    half = all_reduce_s / 2          # one reduce-scatter, or one all-gather
+    if layout.zero_stage == 3:
+        return (microbatches * (exposed(half, forward_s) + exposed(all_reduce_s, backward_s)),
+                microbatches * 3 * half, estimate)
+    earlier = microbatches - 1 if layout.zero_stage == 2 else 0
+    return (exposed(all_reduce_s, backward_s) + earlier * exposed(half, backward_s),
+            all_reduce_s + earlier * half, estimate)
 
 
 def _exposed_reduce_s(reduce_s: float, window_s: float, group_params: list[float],
                       layout: Layout, assumptions: Assumptions) -> float:
-    """The part of ``reduce_s`` the last micro-batch's backward window leaves exposed
+    """The part of ``reduce_s`` a window of compute leaves exposed
     (:func:`clusterlab.plan.step.exposed_bucketed_reduce_s`), in buckets of
     ``grad_bucket_params`` (None: Megatron's ``max(4e7, 1e6 dp)``,
     :func:`clusterlab.plan.step.megatron_bucket_params`), each parameter group (the dense
@@ -761,8 +776,9 @@ def predict(workload: Workload, cluster: ClusterSpec, layout: Layout,
     * pipeline sends: activations forward and gradients back, not hidden;
     * pipeline bubble: :func:`clusterlab.costmodel.pipeline_bubble_fraction` of the pipeline's
       time, ``(p-1)/(v m)`` of compute and tensor-parallel time;
-    * data parallel: :func:`dp_all_reduce` of the gradients in Megatron's buckets, less what
-      hides behind the last micro-batch's backward pass (:func:`_data_parallel`);
+    * data parallel: :func:`dp_all_reduce` of the gradients once a step (ZeRO-0 and 1), with a
+      reduce-scatter more per micro-batch (ZeRO-2), or ZeRO-3's gathers and scatter in every
+      micro-batch, less what hides behind compute (:func:`_data_parallel`);
     * optimizer step (:func:`_optimizer_s`): Adam's bytes over HBM, sharded by ZeRO;
     * storage: the step's data, prefetched: only the excess over the rest is waited for.
 

@@ -315,6 +315,15 @@ def format_plans(plans: list[Plan]) -> str:
     return "\n".join(lines)
 
 
+#: how each ZeRO stage's data-parallel collectives overlap compute (prediction._data_parallel)
+DP_OVERLAP = {
+    0: "in buckets during the last micro-batch's backward pass (Megatron's overlap_grad_reduce)",
+    1: "in buckets during the last micro-batch's backward pass (Megatron's overlap_grad_reduce)",
+    2: "in buckets during every micro-batch's backward pass (ZeRO-2 keeps a gradient shard)",
+    3: "in every micro-batch, behind its forward and backward passes (ZeRO-3)",
+}
+
+
 def describe_plan(plan: Plan) -> str:
     """Several lines that summarize one plan for a reader."""
     w, cluster = plan.workload, plan.hardware
@@ -346,10 +355,9 @@ def describe_plan(plan: Plan) -> str:
                 + ("validated against published rows" if estimate.validated else
                    "unvalidated (no published rows in this regime)"))
     if plan.dp_reduce_s > 0:
-        overlap = ("reduced in buckets during the last micro-batch's backward pass (Megatron's "
-                   "overlap_grad_reduce)" if plan.assumptions.overlap_grad_reduce else
-                   "reduced after the backward pass (no overlap)")
-        lines.append(f"data-parallel reduction: {plan.dp_reduce_s:.3f} s per step, "
+        overlap = (DP_OVERLAP[plan.layout.zero_stage] if plan.assumptions.overlap_grad_reduce
+                   else "none of it overlapped")
+        lines.append(f"data-parallel collectives: {plan.dp_reduce_s:.3f} s per step, "
                      f"{overlap}: {plan.dp_comm_s:.3f} s exposed")
     if plan.ep_estimate is not None:
         e = plan.ep_estimate
