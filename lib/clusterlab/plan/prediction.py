@@ -86,8 +86,8 @@ class Plan:
     tp_estimate: costmodel.CollectiveEstimate | None = field(default=None, compare=False)
     #: one context-parallel K/V all-gather's estimate (None without cp)
     cp_estimate: costmodel.CollectiveEstimate | None = field(default=None, compare=False)
-    #: the data-parallel reduction's seconds before any of it hides (dp_comm_s is what the last
-    #: micro-batch's backward window leaves exposed, _data_parallel); 0 without dp
+    #: the data-parallel collectives' seconds before any of them hides (dp_comm_s is what
+    #: compute leaves exposed, _data_parallel); 0 without dp
     dp_reduce_s: float = 0.0
     #: expert parallelism's dispatch and combine all-to-alls, forward and backward, not hidden
     #: (_expert_parallel); 0 without ep. Unvalidated: no published MoE training row.

@@ -378,9 +378,10 @@ class Assumptions:
     #: FLOP/s every kernel reaches, a calibration from a measurement (lab 08's)
     compute_efficiency: float | None = None
     #: Megatron Core's overlap_grad_reduce: gradients reduced bucket by bucket during the
-    #: backward pass of a step's last micro-batch (prediction._data_parallel); False: after it,
-    #: all of the reduction exposed. Megatron Core's own default is False; its training recipes
-    #: (and Megatron-Bridge's) turn it on, as the planner does.
+    #: backward pass of a step's last micro-batch (ZeRO-2 and 3: every micro-batch's collectives
+    #: behind its own passes; prediction._data_parallel); False: none of them hidden. Megatron
+    #: Core's own default is False; its training recipes (and Megatron-Bridge's) turn it on, as
+    #: the planner does.
     overlap_grad_reduce: bool = True
     #: parameters per gradient bucket; None: Megatron Core's max(4e7, 1e6 dp)
     #: (step.megatron_bucket_params)
