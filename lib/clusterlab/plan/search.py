@@ -316,9 +316,11 @@ def format_plans(plans: list[Plan]) -> str:
 
 
 #: how each ZeRO stage's data-parallel collectives overlap compute (prediction._data_parallel)
+_LAST_MICROBATCH = ("in buckets during the last micro-batch's backward pass (Megatron's "
+                    "overlap_grad_reduce)")
 DP_OVERLAP = {
-    0: "in buckets during the last micro-batch's backward pass (Megatron's overlap_grad_reduce)",
-    1: "in buckets during the last micro-batch's backward pass (Megatron's overlap_grad_reduce)",
+    0: _LAST_MICROBATCH,
+    1: _LAST_MICROBATCH,
     2: "in buckets during every micro-batch's backward pass (ZeRO-2 keeps a gradient shard)",
     3: "in every micro-batch, behind its forward and backward passes (ZeRO-3)",
 }

@@ -2,8 +2,9 @@
 
 Used by the fabric comparison (:mod:`clusterlab.plan.fabric_comparison`), which hides a stated
 fraction of the all-reduce (chapter 8's eta), and by the planner
-(:mod:`clusterlab.plan.prediction`), which models what Megatron hides instead: its buckets
-reduced during the last micro-batch's backward pass (:func:`exposed_bucketed_reduce_s`).
+(:mod:`clusterlab.plan.prediction`), which models what hides instead: gradient buckets
+reduced behind a window of compute (:func:`exposed_bucketed_reduce_s`; the window is the last
+micro-batch's backward pass in Megatron, each micro-batch's passes under ZeRO-2 and 3).
 Its FLOPs are the course's one MFU numerator, :func:`clusterlab.flops.transformer_flops_per_token`
 (PaLM's ``6N + 12 L s d``).
 """
@@ -97,7 +98,7 @@ def megatron_bucket_params(dp: int) -> int:
 
 
 def exposed_bucketed_reduce_s(reduce_s: float, window_s: float, n_buckets: int) -> float:
-    """Seconds of a bucketed gradient reduction left exposed after a backward window.
+    """Seconds of a bucketed reduction left exposed after the window of compute it overlaps.
 
     Megatron Core's ``overlap_grad_reduce`` launches a bucket's collective as soon as the
     backward pass has produced its gradients, one bucket after another on one stream. With
@@ -111,7 +112,8 @@ def exposed_bucketed_reduce_s(reduce_s: float, window_s: float, n_buckets: int) 
 
     Args:
         reduce_s: seconds of the whole reduction, unhidden (>= 0).
-        window_s: seconds of backward compute it may overlap (>= 0).
+        window_s: seconds of compute it may overlap (>= 0): a backward pass, or for ZeRO-3's
+            parameter gather a forward pass.
         n_buckets: buckets the gradients are reduced in (>= 1).
 
     Returns:
