@@ -36,7 +36,7 @@ lab: $(READY)
 ## student: student copies of the labs in student/ (solutions and outputs removed; the keys in
 ## keys/ are not copied, and no check in a copy carries its expected value)
 student: $(READY)
-	$(BIN)/python -m clusterlab.student --labs labs --out student
+	$(BIN)/python -m clusterlab.course.student --labs labs --out student
 
 ## grade: run submitted notebooks, each in a bubblewrap sandbox, and grade every exercise from keys/
 ## outside it: one line per exercise per submission, and GRADES (grades.csv): student,exercise,points
@@ -44,7 +44,7 @@ student: $(READY)
 GRADES ?= grades.csv
 grade: system-deps $(READY)
 	@test -n "$(SUBMISSIONS)" || { echo 'usage: make grade SUBMISSIONS="submitted/*.ipynb"'; exit 2; }
-	$(BIN)/python -c 'import sys; from clusterlab import grading; sys.exit(grading.cli(sys.argv[1:]))' \
+	$(BIN)/python -c 'import sys; from clusterlab.course import grading; sys.exit(grading.cli(sys.argv[1:]))' \
 		$(SUBMISSIONS) --key keys --csv $(GRADES)
 
 ## test: the whole suite: library unit tests, the labs against their stored outputs, the book;

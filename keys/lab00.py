@@ -3,7 +3,7 @@
 import jax
 import numpy as np
 
-from clusterlab import grading
+from clusterlab.course import grading
 
 
 # The lab's y is f32[16, 12] on P("model", "data") over its (model 4, data 2) mesh: blocks of

@@ -1,6 +1,8 @@
 """Answer key of lab 01, measuring collectives (instructor-only: student copies leave keys/ out)."""
 
-from clusterlab import costmodel, grading, hardware
+from clusterlab.analytic import costmodel
+from clusterlab.catalog import hardware
+from clusterlab.course import grading
 
 KEY = {
     "lab01.1": grading.close(

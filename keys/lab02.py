@@ -14,7 +14,9 @@ from typing import NamedTuple
 import jax
 import numpy as np
 
-from clusterlab import costmodel, grading, hardware
+from clusterlab.analytic import costmodel
+from clusterlab.catalog import hardware
+from clusterlab.course import grading
 
 _NVLINK_BYTES_PER_S = hardware.link("NVLink4").bytes_per_s
 _AXIS = "ring"   # not the lab's "data": the functions must use the axis_name they are given

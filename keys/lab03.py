@@ -5,7 +5,7 @@ runs inside ``shard_map`` over a ``"data"`` axis, the blocks passed as p stacked
 layer-stacked arrays (f32[p, L, ...]) and the global batch f32[B, D] split along its first axis.
 The hidden tests run it on 2, 4 and 8 devices with widths, depths and batches the lab never
 shows, against one device's ``jax.grad`` of the mean loss on the whole batch
-(:func:`clusterlab.models.reference_gradients` of :func:`clusterlab.models.mse_loss`), where a
+(:func:`clusterlab.device.models.reference_gradients` of :func:`clusterlab.device.models.mse_loss`), where a
 sum for the mean (p times too large), a missing all-reduce (each device's own slice) and a
 division by p too many show; and read the compiled program's collectives: all-reduces only,
 one per gradient leaf or fewer where XLA's combiner merges them (1 to 4 accepted), carrying the
@@ -18,8 +18,11 @@ from typing import NamedTuple
 import jax
 import numpy as np
 
-from clusterlab import collectives, costmodel, grading, hardware, models
-from clusterlab.parallel import pipeline
+from clusterlab.analytic import costmodel
+from clusterlab.catalog import hardware
+from clusterlab.course import grading
+from clusterlab.device import hlo, models
+from clusterlab.device.parallel import pipeline
 
 _LEAVES = ("w1", "b1", "w2", "b2")     # the order of the stacked arrays the assignment takes
 _AXIS = "data"
@@ -31,7 +34,7 @@ def _bf16_bytes_on_16(ns):
 
 def _all_reduces(ns):
     # counted in the compiled program of the step the student's cell builds
-    return collectives.summarize(ns["step_collectives"](ns["dp_1_5mib"]))["all-reduce"].n_ops
+    return hlo.summarize(ns["step_collectives"](ns["dp_1_5mib"]))["all-reduce"].n_ops
 
 
 class _Case(NamedTuple):

@@ -13,7 +13,10 @@ from typing import NamedTuple
 import jax
 import numpy as np
 
-from clusterlab import costmodel, grading, hardware, models
+from clusterlab.analytic import costmodel
+from clusterlab.catalog import hardware
+from clusterlab.course import grading
+from clusterlab.device import models
 
 
 def _all_reduced_bytes(ns):

@@ -5,7 +5,7 @@
 leading axis over the stages (the stage parameters as f32[p, L/p, ...], the micro-batches as p
 stacked copies f32[p, m, b, D]). The hidden tests run them on 2, 4 and 8 stages with widths,
 micro-batch counts and sizes the lab never shows, against the single-device MLP
-(:func:`clusterlab.models.mlp_forward`, ``jax.grad`` of :func:`clusterlab.models.mse_loss`),
+(:func:`clusterlab.device.models.mlp_forward`, ``jax.grad`` of :func:`clusterlab.device.models.mse_loss`),
 and read the compiled program's collectives: only ``collective-permute``s, one micro-batch
 (b x D x 4 bytes) each, one per tick of the lock-step schedule (m + p - 1 ticks each way; the
 last tick's send carries nothing and may be compiled away).
@@ -16,12 +16,14 @@ from typing import NamedTuple
 import jax
 import numpy as np
 
-from clusterlab import grading, models
-from clusterlab.parallel import pipeline
+from clusterlab.analytic import schedule
+from clusterlab.course import grading
+from clusterlab.device import models
+from clusterlab.device.parallel import pipeline
 
 # the smallest m whose 8-stage schedule idles at most 1/8 of its slots (counted, not the formula)
 _SMALLEST_M = next(m for m in range(1, 200)
-                   if pipeline.make_schedule(8, m).idle_fraction <= 1 / 8 + 1e-12)
+                   if schedule.make_schedule(8, m).idle_fraction <= 1 / 8 + 1e-12)
 _LEAVES = ("w1", "b1", "w2", "b2")     # the order of the stage arrays the assignment takes
 _AXIS = "stage"
 
@@ -131,8 +133,8 @@ KEY = {
     "lab05.1": grading.equal(_SMALLEST_M, name="micro-batches",
                              hint="Write the bubble's share of the step in terms of p and m, and "
                                   "find the first m for which it is at most 1/8."),
-    "lab05.2": grading.close(pipeline.make_schedule(8, 32, "gpipe").stash_slots()[0]
-                             / pipeline.make_schedule(8, 32, "1f1b").stash_slots()[0],
+    "lab05.2": grading.close(schedule.make_schedule(8, 32, "gpipe").stash_slots()[0]
+                             / schedule.make_schedule(8, 32, "1f1b").stash_slots()[0],
                              name="ratio",
                              hint="How many micro-batches' inputs does stage 0 hold at its peak "
                                   "under each schedule? The bytes per micro-batch cancel."),

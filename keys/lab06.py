@@ -10,7 +10,7 @@ run it on 2, 4 and 8 devices, with widths, depths and batches the lab never show
 device's SGD step on the whole batch, and read the compiled program: all-gathers and
 reduce-scatters only (no all-reduce), two gathers per reduce-scatter, and the bytes of ZeRO-3's
 formula, ``3 (p - 1)/p`` of the parameters' bytes per device
-(:func:`clusterlab.costmodel.sharded_data_parallel_bytes_per_step`).
+(:func:`clusterlab.analytic.costmodel.sharded_data_parallel_bytes_per_step`).
 """
 
 from typing import NamedTuple
@@ -18,8 +18,10 @@ from typing import NamedTuple
 import jax
 import numpy as np
 
-from clusterlab import collectives, costmodel, grading, memory, models
-from clusterlab.parallel import sharded
+from clusterlab.analytic import costmodel, memory
+from clusterlab.course import grading
+from clusterlab.device import hlo, models
+from clusterlab.device.parallel import sharded
 
 LEARNING_RATE = 0.1              # the lab's fsdp_step takes plain SGD steps of this size
 _AXIS = "data"
@@ -34,9 +36,9 @@ def _stage3_bytes_on_16(ns):
 def _all_gathers(ns):
     # counted in the compiled stage-3 step the student cell builds (5 blocks, 2 devices)
     sdp = ns["sdp_2"]
-    ops = collectives.executed_collectives(sdp.step, ns["flat_2"], ns["state_2"],
+    ops = hlo.executed_collectives(sdp.step, ns["flat_2"], ns["state_2"],
                                            *sdp.place_batch(*ns["batches"][0]))
-    return collectives.summarize(ops)["all-gather"].n_ops
+    return hlo.summarize(ops)["all-gather"].n_ops
 
 
 class _Case(NamedTuple):
@@ -91,7 +93,7 @@ def _require_zero3_traffic(test: str, program: grading.Program, args: list,
     """Refuse unless the program runs all-gathers and reduce-scatters only, two gathers per
     reduce-scatter, sending ZeRO-3's 3 (p - 1)/p of the parameters' bytes per device."""
     ops = program.collective_ops(*args)
-    counts = {kind: s.n_ops for kind, s in collectives.summarize(ops).items()}
+    counts = {kind: s.n_ops for kind, s in hlo.summarize(ops).items()}
     if set(counts) != {"all-gather", "reduce-scatter"}:
         raise grading.Refused(
             f"{test}: its program runs {counts}; ZeRO-3 runs all-gathers and reduce-scatters "

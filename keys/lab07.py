@@ -1,7 +1,8 @@
 """Answer key of lab 07, the data path and checkpoints (instructor-only: student copies leave
 keys/ out)."""
 
-from clusterlab import grading, reliability, storage
+from clusterlab.analytic import reliability, storage
+from clusterlab.course import grading
 
 # a 25 ms step on 256 samples of 150 kB each
 _KNEE_BYTES_PER_S = storage.required_read_bytes_per_s(1, 256 / 0.025, 150e3)

@@ -4,7 +4,10 @@ out)."""
 import jax
 import jax.numpy as jnp
 
-from clusterlab import bench, flops, grading, hardware
+from clusterlab.analytic import flops
+from clusterlab.catalog import hardware
+from clusterlab.course import grading
+from clusterlab.device import bench
 
 
 def _matmul_intensity(ns):

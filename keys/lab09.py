@@ -1,6 +1,7 @@
 """Answer key of lab 09, several hosts (instructor-only: student copies leave keys/ out)."""
 
-from clusterlab import costmodel, grading
+from clusterlab.analytic import costmodel
+from clusterlab.course import grading
 
 KEY = {
     # the inter-host phase: a ring all-reduce over 8 hosts of 1/8 of the 1 GiB buffer

@@ -2,7 +2,8 @@
 
 from dataclasses import replace
 
-from clusterlab import grading, plan
+from clusterlab.analytic import plan
+from clusterlab.course import grading
 
 _DAY_S = 24 * 3600.0
 

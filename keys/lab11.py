@@ -1,6 +1,8 @@
 """Answer key of lab 11, serving (instructor-only: student copies leave keys/ out)."""
 
-from clusterlab import grading, hardware, memory, serving
+from clusterlab.analytic import memory, serving
+from clusterlab.catalog import hardware
+from clusterlab.course import grading
 
 _LLAMA = serving.LLAMA_3_70B
 

@@ -2,7 +2,8 @@
 
 import numpy as np
 
-from clusterlab import fabric, grading
+from clusterlab.analytic import fabric
+from clusterlab.course import grading
 
 
 def _fewest_qps_near_spraying(ns):

@@ -10,20 +10,21 @@ from typing import NamedTuple
 
 import numpy as np
 
-from clusterlab import costmodel, grading
-from clusterlab.parallel import experts
+from clusterlab.analytic import costmodel, moe
+from clusterlab.course import grading
+from clusterlab.device.parallel import experts
 
 
 def _dropped_at_1_5(ns):
     # the lab's hot-expert assignments (i32[8, 44, 1]) against C = ceil(1.5 * 44 / 8) = 9
-    capacity = experts.expert_capacity(ns["T_DEV"], n_experts=ns["E"], top_k=1,
+    capacity = moe.expert_capacity(ns["T_DEV"], n_experts=ns["E"], top_k=1,
                                        capacity_factor=1.5)
-    return experts.predicted_dropped(ns["hot_expert"], capacity, ns["E"])
+    return moe.predicted_dropped(ns["hot_expert"], capacity, ns["E"])
 
 
 # DeepSeek-V3 (DeepSeek-AI 2024): 8 of 256 routed experts, hidden width 7168, EP64; the lab's
 # assumptions: 4096 tokens per device, capacity factor 1.0, BF16
-_DEEPSEEK_BUFFER = experts.all_to_all_bytes(4096, d_model=7168, n_experts=256, top_k=8,
+_DEEPSEEK_BUFFER = moe.all_to_all_bytes(4096, d_model=7168, n_experts=256, top_k=8,
                                             capacity_factor=1.0, bytes_per_element=2)
 
 

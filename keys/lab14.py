@@ -12,8 +12,8 @@ program on 8 devices, as a fraction of one device's: read from the compiled prog
 built (a recipe of the lab's namespace).
 """
 
-from clusterlab import grading
-from clusterlab.parallel import context
+from clusterlab.course import grading
+from clusterlab.device.parallel import context
 
 
 def _busiest_ratio(p: int = 16) -> float:

@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import nbformat
 import numpy as np
 
-from clusterlab import models
+from clusterlab.device import models
 from conftest import ROOT
 
 KEYS = ROOT / "keys"

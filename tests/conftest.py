@@ -1,6 +1,6 @@
 """Shared set-up for the unit tests of clusterlab.
 
-``clusterlab.devices.setup(8)`` runs here, at import, before any test touches JAX: the number of
+``clusterlab.device.devices.setup(8)`` runs here, at import, before any test touches JAX: the number of
 simulated CPU devices is fixed once JAX has created its backends, so every test in this process
 shares the same eight devices. Tests build sub-meshes over the first ``n`` of them.
 """
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from clusterlab import devices
+from clusterlab.device import devices
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -60,7 +60,7 @@ def reference_run(*, d_model: int, d_hidden: int, n_blocks: int, batch: int, ste
     import jax
     import numpy as np
 
-    from clusterlab import models
+    from clusterlab.device import models
 
     params = models.init_mlp(jax.random.key(0), d_model=d_model, d_hidden=d_hidden,
                              n_blocks=n_blocks)
@@ -85,7 +85,7 @@ def small_reference_run():
 def check_mean_and_catch_sum(label: str, grads_for, reference, p: int, bug: str) -> None:
     """``grads_for("mean")`` equals ``reference``, and the same check catches ``grads_for("sum")``
     (gradients summed over ``p`` devices, not averaged: a relative difference of ``p - 1``)."""
-    from clusterlab import check
+    from clusterlab.course import check
 
     check.verify_close(label, grads_for("mean"), reference, rtol=1e-5)
     caught = check.verify_catches(bug, functools.partial(check.verify_close, label,

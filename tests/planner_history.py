@@ -1,12 +1,15 @@
 """Shared by the planner's tests that compare a new layout dimension with the planner before it:
-run a script against ``lib/clusterlab/plan`` as it was at a past commit, on the rest of the
-library as it is now, so that only the planner differs.
+run a script against the planner as it was at a past commit, on the rest of the library as it is
+now, so that only the planner differs. The planner was ``lib/clusterlab/plan`` before the library
+became four packages (it is ``lib/clusterlab/analytic/plan`` now); its imports are moved to
+today's paths as it is copied.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -17,11 +20,37 @@ import pytest
 from conftest import ROOT
 
 
+OLD_PLANNER = "lib/clusterlab/plan/"
+#: where each module the old planners import lives now
+LAYER_OF = {"hardware": "catalog", "published": "catalog", "costmodel": "analytic",
+            "plan": "analytic", "flops": "analytic", "gemm": "analytic", "memory": "analytic",
+            "storage": "analytic", "moe": "analytic", "topology": "analytic",
+            "fabric": "analytic", "tables": "analytic", "schedule": "analytic",
+            "serving": "analytic", "reliability": "analytic"}
+_FROM_ROOT = re.compile(r"^([ \t]*)from clusterlab import ([\w, ]+)$", re.M)
+_DOTTED = re.compile(r"\bclusterlab\.(" + "|".join(LAYER_OF) + r")\b")
+
+
+def at_todays_paths(source: str) -> str:
+    """An old planner module's source with its imports moved to the layered packages:
+    ``from clusterlab import costmodel, hardware`` becomes one import per package, and
+    ``clusterlab.plan.step`` becomes ``clusterlab.analytic.plan.step``."""
+    def split(match: re.Match) -> str:
+        indent, names = match.group(1), [n.strip() for n in match.group(2).split(",")]
+        by_layer: dict[str, list[str]] = {}
+        for name in names:
+            by_layer.setdefault(LAYER_OF[name], []).append(name)
+        return "\n".join(f"{indent}from clusterlab.{layer} import {', '.join(group)}"
+                         for layer, group in by_layer.items())
+    source = _FROM_ROOT.sub(split, source)
+    return _DOTTED.sub(lambda m: f"clusterlab.{LAYER_OF[m.group(1)]}.{m.group(1)}", source)
+
+
 def run_old_planner(commit: str, tmp_path: Path, script: str, *args: object) -> object:
     """The JSON that ``script`` prints when run with the planner of ``commit``'s parent.
 
     Args:
-        commit: the commit that changed the planner; its parent's ``lib/clusterlab/plan/`` runs.
+        commit: the commit that changed the planner; its parent's planner runs.
         tmp_path: where the mixed library is written.
         script: Python source; it gets ``args`` as JSON strings in ``sys.argv[1:]``.
         *args: JSON-serialisable arguments.
@@ -35,14 +64,14 @@ def run_old_planner(commit: str, tmp_path: Path, script: str, *args: object) -> 
                     "be rebuilt for the comparison; run it in a git clone")
     lib = tmp_path / "lib"
     shutil.copytree(ROOT / "lib" / "clusterlab", lib / "clusterlab")
-    names = subprocess.run(["git", "ls-tree", "--name-only", f"{commit}^",
-                            "lib/clusterlab/plan/"], cwd=ROOT, check=True, capture_output=True,
-                           text=True).stdout.split()
-    assert "lib/clusterlab/plan/prediction.py" in names
+    names = subprocess.run(["git", "ls-tree", "--name-only", f"{commit}^", OLD_PLANNER],
+                           cwd=ROOT, check=True, capture_output=True, text=True).stdout.split()
+    assert OLD_PLANNER + "prediction.py" in names
     for name in names:
         old = subprocess.run(["git", "show", f"{commit}^:{name}"], cwd=ROOT, check=True,
                              capture_output=True, text=True).stdout
-        (lib / "clusterlab" / "plan" / Path(name).name).write_text(old)
+        (lib / "clusterlab" / "analytic" / "plan" / Path(name).name).write_text(
+            at_todays_paths(old))
     run = subprocess.run([sys.executable, "-c", script, *(json.dumps(a) for a in args)],
                          env=dict(os.environ, PYTHONPATH=str(lib)), cwd=tmp_path,
                          capture_output=True, text=True)

@@ -3,7 +3,7 @@
 # for the real-browser check of the book, Debian's python3-simgrid (3.32) for the SimGrid
 # cross-check of the fabric model, and slurm-wlm with munge for the tests that run the
 # multi-host example under a real SLURM (tests/test_slurm.py starts the daemons itself), and
-# bubblewrap, the sandbox each graded submission runs in (clusterlab.sandbox; make grade).
+# bubblewrap, the sandbox each graded submission runs in (clusterlab.course.sandbox; make grade).
 # Installed here when this user may (root with apt-get); otherwise one line names the command,
 # before any test runs. One line per package: "[ test ] || missing+=(package)".
 # Chromium comes from Debian, not from `playwright install`: Playwright's browser is a download

@@ -4,7 +4,7 @@ cells, pass the key's hidden tests on 2, 4 and 8 devices, and each bug planted i
 the hidden test that names it.
 
 Programs are exported and rebuilt in this process as a submission's kernel and the grader do
-(:func:`clusterlab.grading.judge`).
+(:func:`clusterlab.course.grading.judge`).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 
 from assignment_support import KEYS, lab_sources, solution_functions
-from clusterlab import grading
+from clusterlab.course import grading
 
 _RS, _AG = "lab02-reduce-scatter", "lab02-all-gather"
 _SOURCES = {_RS: lab_sources("02", [_RS]), _AG: lab_sources("02", [_AG])}

@@ -3,8 +3,8 @@ solution, taken from the lab's solution cell, passes the key's hidden tests on 2
 devices, and each bug planted into it fails the hidden test that names it.
 
 Programs are exported and rebuilt in this process as a submission's kernel and the grader do
-(:func:`clusterlab.grading.judge`: :func:`clusterlab.submission.export_answer` for each
-``grading.Export`` of the key, then :func:`clusterlab.grading.rehydrate`).
+(:func:`clusterlab.course.grading.judge`: :func:`clusterlab.course.submission.export_answer` for each
+``grading.Export`` of the key, then :func:`clusterlab.course.grading.rehydrate`).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 
 from assignment_support import KEYS, lab_sources, solution_functions
-from clusterlab import grading
+from clusterlab.course import grading
 
 _LAB03 = lab_sources("03", ["lab03-data-parallel-grads"])
 _KEY03 = grading.load_key(KEYS / "lab03.py")

@@ -4,7 +4,7 @@ pass the key's hidden tests on 2, 4 and 8 devices, and each bug planted into the
 hidden test that names it.
 
 Programs are exported and rebuilt in this process as a submission's kernel and the grader do
-(:func:`clusterlab.grading.judge`).
+(:func:`clusterlab.course.grading.judge`).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 
 from assignment_support import KEYS, lab_sources, solution_functions
-from clusterlab import grading
+from clusterlab.course import grading
 
 _LAB04 = lab_sources("04", ["lab04-megatron-forward", "lab04-megatron-backward"])
 _KEY04 = grading.load_key(KEYS / "lab04.py")

@@ -3,8 +3,8 @@ taken from the labs' solution cells, pass the keys' hidden tests on every device
 bug planted into them fails the hidden test that names it.
 
 Programs are exported and rebuilt in this process as a submission's kernel and the grader do
-(:func:`clusterlab.grading.judge`: :func:`clusterlab.submission.export_answer` for each
-``grading.Export`` of the key, then :func:`clusterlab.grading.rehydrate`).
+(:func:`clusterlab.course.grading.judge`: :func:`clusterlab.course.submission.export_answer` for each
+``grading.Export`` of the key, then :func:`clusterlab.course.grading.rehydrate`).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import jax
 import pytest
 
 from assignment_support import KEYS, lab_sources, solution_functions
-from clusterlab import grading
+from clusterlab.course import grading
 
 
 # --- lab 05: GPipe forward (lab05.3) and gradients (lab05.4) -----------------------------------

@@ -1,4 +1,4 @@
-"""clusterlab.bench: timing statistics, the timing harness, sizes, sweeps and the table, the
+"""clusterlab.device.bench: timing statistics, the timing harness, sizes, sweeps and the table, the
 roofline's program costs and the host's measured ceilings."""
 
 from __future__ import annotations
@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from clusterlab import bench, collectives, costmodel, devices, tables
+from clusterlab.analytic import costmodel, tables
+from clusterlab.device import bench, collectives, devices
 from conftest import DEVICES, sub_mesh
 
 # --- Timing statistics ------------------------------------------------------------------------
@@ -129,9 +130,9 @@ def test_memcpy_bandwidth_rejects_non_positive_sizes(nbytes):
 # --- sizes ----------------------------------------------------------------------------------
 
 def test_sizes_as_text_are_tables_and_re_exported_here():
-    # Labs call bench.parse_size and bench.format_bytes; tests/test_tables.py tests them.
-    assert bench.parse_size is tables.parse_size
-    assert bench.format_bytes is tables.format_bytes
+    # Labs call tables.parse_size and tables.format_bytes; tests/test_tables.py tests them.
+    assert tables.parse_size is tables.parse_size
+    assert tables.format_bytes is tables.format_bytes
 
 
 @pytest.mark.parametrize("args, expected", [
@@ -195,7 +196,7 @@ SWEEP_COUNTS = [  # 1 KiB on 4 devices, float32
 
 
 def test_sweep_counts_cover_every_runnable_op():
-    assert {op for op, _ in SWEEP_COUNTS} == set(collectives.RUNNABLE_OPS)
+    assert {op for op, _ in SWEEP_COUNTS} == set(costmodel.RUNNABLE_OPS)
 
 
 @pytest.mark.parametrize("op, count", SWEEP_COUNTS)

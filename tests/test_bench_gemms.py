@@ -1,4 +1,4 @@
-"""clusterlab.bench.time_gemms and clusterlab.gemm.group_shares: each GEMM of a (tiny) layer
+"""clusterlab.device.bench.time_gemms and clusterlab.analytic.gemm.group_shares: each GEMM of a (tiny) layer
 compiled, costed by XLA, timed and held to the ceilings it is given; a layer's GEMM time split
 into groups."""
 
@@ -10,7 +10,8 @@ import math
 import jax.numpy as jnp
 import pytest
 
-from clusterlab import bench, gemm
+from clusterlab.analytic import gemm
+from clusterlab.device import bench
 from conftest import DEVICES
 
 DEVICE = DEVICES[0]

@@ -1,11 +1,11 @@
-"""clusterlab.check: verdicts for exercise answers, one printed line each."""
+"""clusterlab.course.check: verdicts for exercise answers, one printed line each."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from clusterlab import check
+from clusterlab.course import check
 
 
 def _verdict(capsys) -> str:

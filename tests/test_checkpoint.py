@@ -1,4 +1,4 @@
-"""Unit tests of clusterlab.checkpoint: round trips, keep-k, atomic writes, resharding, errors."""
+"""Unit tests of clusterlab.device.checkpoint: round trips, keep-k, atomic writes, resharding, errors."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from clusterlab import checkpoint, devices, models, train_demo
+from clusterlab.device import checkpoint, devices, models, train_demo
 
 from conftest import DEVICES, run_python
 
@@ -164,12 +164,12 @@ def _sharded_state(mesh) -> checkpoint.TrainState:
 
 _RESTORE_SCRIPT = """
 import sys
-from clusterlab import devices
+from clusterlab.device import devices
 n = int(sys.argv[2])
 devices.setup(n)
 import jax
 from jax.sharding import NamedSharding, PartitionSpec as P
-from clusterlab import checkpoint, models, train_demo
+from clusterlab.device import checkpoint, models, train_demo
 import jax.numpy as jnp
 mesh = devices.mesh((n,), ("data",))
 params = {"w": jnp.zeros((16, 6)), "b": jnp.zeros(6)}

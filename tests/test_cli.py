@@ -4,11 +4,13 @@ argument errors."""
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 
 import pytest
 
-from clusterlab import __main__ as cli
-from conftest import run_python
+from clusterlab.course import cli as cli
+from conftest import ROOT, run_python
 
 ROW = re.compile(r"^\s*(\d+)\s+(\d+)\s+(\w+)\s+([\d.]+)\s+(\d+)%\s+([\d.]+)\s+([\d.]+)\s*$")
 HEADER = ["size", "(B)", "count", "type", "time", "(us)", "spread", "algbw", "(GB/s)", "busbw",
@@ -134,3 +136,31 @@ def test_main_runs_in_process_on_the_shared_devices(capsys):
                      "--warmup", "1", "--repeats", "1"]) == 0
     rows = _table(capsys.readouterr().out)
     _check_rows(rows, [1024, 2048], [1024 // 4, 2048 // 4], "float32", 1.0)
+
+
+def test_plan_and_expect_start_without_jax():
+    # JAX is blocked in the process: `plan`, `expect` and `--help` must not import it.
+    blocked = ("import sys, runpy; sys.modules['jax'] = None; "
+               "sys.argv = ['clusterlab', *sys.argv[1:]]; ")
+    for argv in (["--help"], ["plan", "--help"], ["expect", "--help"],
+                 ["plan", "--params", "7e9", "--tokens", "1e11", "--gpu", "H100", "--gpus", "64"],
+                 ["expect", "all_reduce", "--gpu", "H100", "--nodes", "2"]):
+        result = run_python("-c", blocked + "runpy.run_module('clusterlab', run_name='__main__')",
+                            *argv)
+        assert result.returncode == 0, (argv, result.stderr)
+        assert result.stdout
+
+
+def test_a_closed_pipe_ends_quietly():
+    # `python -m clusterlab plan ... | head -1`: the reader goes away after one line, while the
+    # planner still has about 100 kB to print (more than a pipe and Python's buffer hold)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "clusterlab", "plan", "--params", "70e9", "--tokens", "2e12",
+         "--gpu", "H100", "--gpus", "1024", "--top", "100000"], cwd=ROOT, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True)
+    first = process.stdout.readline()
+    process.stdout.close()  # as head does after its line
+    stderr = process.stderr.read()
+    assert process.wait(timeout=120) in (0, 1)
+    assert first.startswith("workload:")
+    assert "Traceback" not in stderr and "BrokenPipe" not in stderr, stderr

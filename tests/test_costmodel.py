@@ -1,4 +1,4 @@
-"""clusterlab.costmodel against values derived by hand from the alpha-beta model.
+"""clusterlab.analytic.costmodel against values derived by hand from the alpha-beta model.
 
 Every expected value below is written out as the arithmetic one would do on paper
 (Thakur, Rabenseifner & Gropp 2005; nccl-tests doc/PERFORMANCE.md), not computed by the
@@ -13,8 +13,8 @@ from typing import get_args
 import numpy as np
 import pytest
 
-from clusterlab import costmodel
-from clusterlab.costmodel import _model, alpha_beta, cluster, traffic
+from clusterlab.analytic import costmodel
+from clusterlab.analytic.costmodel import _model, alpha_beta, cluster, traffic
 
 ALPHA = 3e-6          # seconds per step
 BW = 50e9             # bytes/s per device, per direction

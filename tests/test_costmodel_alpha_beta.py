@@ -1,11 +1,11 @@
-"""clusterlab.costmodel.alpha_beta: the held-out fit, a collective's alpha-beta line, crossovers."""
+"""clusterlab.analytic.costmodel.alpha_beta: the held-out fit, a collective's alpha-beta line, crossovers."""
 
 import math
 
 import numpy as np
 import pytest
 
-from clusterlab import costmodel
+from clusterlab.analytic import costmodel
 
 
 def _line(sizes, alpha=1e-4, beta=1e-9):

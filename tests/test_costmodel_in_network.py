@@ -2,7 +2,7 @@
 
 import pytest
 
-from clusterlab import costmodel
+from clusterlab.analytic import costmodel
 
 
 @pytest.mark.parametrize("n", [2, 3, 8, 64, 1000])

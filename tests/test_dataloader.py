@@ -1,4 +1,4 @@
-"""Unit tests of clusterlab.dataloader: shards on disk, the source, the loader, the read cap."""
+"""Unit tests of clusterlab.device.dataloader: shards on disk, the source, the loader, the read cap."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import time
 import numpy as np
 import pytest
 
-from clusterlab import dataloader
+from clusterlab.device import dataloader
 
 
 def _arrays(n: int = 100, d: int = 8) -> dict[str, np.ndarray]:

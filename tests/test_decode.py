@@ -1,4 +1,4 @@
-"""clusterlab.decode: the KV cache against recomputation, its bytes against the formula, and
+"""clusterlab.device.decode: the KV cache against recomputation, its bytes against the formula, and
 tensor-parallel generation against one device, with its all-reduces counted from the compiled
 program."""
 
@@ -9,8 +9,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from clusterlab import collectives, decode, devices, memory, models, serving
-from clusterlab.parallel import tensor
+from clusterlab.analytic import memory, serving
+from clusterlab.device import decode, devices, hlo, models
+from clusterlab.device.parallel import tensor
 from conftest import sub_mesh
 
 AXIS = "model"
@@ -111,13 +112,13 @@ def test_tensor_parallel_all_reduces_per_token(params, prompt, tp):
         memory.kv_cache_bytes(L, NH, D // NH, S, B, bytes_per_value=4) // tp}
     step = decode.make_tp_decode_step(params, mesh, AXIS)
     token = jnp.argmax(logits[:, -1], axis=-1).astype(jnp.int32)
-    ops = collectives.compiled_collectives(step, sharded, cache, token, jnp.int32(T))
+    ops = hlo.compiled_collectives(step, sharded, cache, token, jnp.int32(T))
     per_token = serving.tensor_parallel_all_reduces_per_token(L)
     assert [op.kind for op in ops] == ["all-reduce"] * per_token
     assert all(op.bytes == B * D * 4 for op in ops)  # f32[B, 1, D] each
     # The whole generation: one forward pass per token, each with 2 L all-reduces.
     generate = decode.make_tp_generate(params, mesh, AXIS, n_new=N_NEW)
-    executed = collectives.summarize(collectives.executed_collectives(generate, sharded, prompt))
+    executed = hlo.summarize(hlo.executed_collectives(generate, sharded, prompt))
     assert executed["all-reduce"].n_ops == N_NEW * per_token
 
 

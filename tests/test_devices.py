@@ -1,4 +1,4 @@
-"""clusterlab.devices: set-up of real or simulated devices, meshes, sharding checks."""
+"""clusterlab.device.devices: set-up of real or simulated devices, meshes, sharding checks."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 
-from clusterlab import devices
+from clusterlab.device import devices
 from conftest import DEVICES, run_python
 
 
@@ -33,7 +33,7 @@ def test_setup_with_another_count_after_jax_started_says_restart():
 
 
 def test_setup_with_another_count_in_a_fresh_process_says_restart():
-    code = ("from clusterlab import devices\n"
+    code = ("from clusterlab.device import devices\n"
             "devices.setup(8)\n"
             "devices.setup(4)\n")
     # Simulated devices even on a GPU host, where setup(4) after setup(8) is fine.
@@ -71,7 +71,7 @@ def test_describe(capsys):
 
 
 def test_one_cpu_device_is_the_host_not_a_simulation():
-    code = ("from clusterlab import devices\n"
+    code = ("from clusterlab.device import devices\n"
             "devices.describe(devices.setup(1))\n")
     result = run_python("-c", code, extra_env={devices.PLATFORM_ENV: "cpu"})
     assert result.returncode == 0, result.stderr

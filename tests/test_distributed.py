@@ -1,4 +1,4 @@
-"""clusterlab.distributed, clusterlab.launch and the two-level cost model.
+"""clusterlab.device.distributed, clusterlab.device.launch and the two-level cost model.
 
 The multi-process tests start real JAX processes joined over 127.0.0.1 (2 x 2 devices and 4 x 1)
 and check values, training against one device, and that failures end every process in bounded
@@ -20,10 +20,11 @@ import jax
 import numpy as np
 import pytest
 
-from clusterlab import collectives, costmodel, distributed, launch
+from clusterlab.analytic import costmodel
+from clusterlab.device import collectives, distributed, launch
 from conftest import DEVICES, ROOT, devices, run_python
 
-MULTIHOST = "clusterlab.examples.multihost"
+MULTIHOST = "clusterlab.course.examples.multihost"
 
 
 def _alive(pid: int) -> bool:
@@ -55,7 +56,7 @@ def test_detect_environment_from_launcher_variables():
     env = distributed.detect_environment(environ={
         distributed.ENV_COORDINATOR: "127.0.0.1:4321", distributed.ENV_NUM_PROCESSES: "4",
         distributed.ENV_PROCESS_ID: "2", distributed.ENV_DEVICES_PER_PROCESS: "3"})
-    assert env == distributed.ClusterEnv("127.0.0.1:4321", 4, 2, 3, "clusterlab.launch")
+    assert env == distributed.ClusterEnv("127.0.0.1:4321", 4, 2, 3, "clusterlab.device.launch")
     assert env.is_loopback
 
 
@@ -113,17 +114,17 @@ def test_port_in_use_is_refused_before_anything_starts():
         busy.listen()
         port = busy.getsockname()[1]
         with pytest.raises(distributed.PortInUseError, match=f"Port {port} on 127.0.0.1"):
-            distributed.launch(["-c", "pass"], processes=2, port=port, echo=False)
+            launch.launch(["-c", "pass"], processes=2, port=port, echo=False)
     assert 1024 <= distributed.free_port() <= 65535
 
 
 def test_launch_validates_its_arguments():
     with pytest.raises(ValueError, match="one count per process"):
-        distributed.launch(["-c", "pass"], processes=2, devices_per_process=[1, 2, 3])
+        launch.launch(["-c", "pass"], processes=2, devices_per_process=[1, 2, 3])
     with pytest.raises(ValueError, match="needs a command"):
-        distributed.launch([], processes=2)
+        launch.launch([], processes=2)
     with pytest.raises(ValueError, match="no function"):
-        distributed.run(f"{MULTIHOST}:nothing_here", processes=2)
+        launch.run(f"{MULTIHOST}:nothing_here", processes=2)
 
 
 def test_launcher_command_line_split():
@@ -136,13 +137,15 @@ def test_launcher_command_line_split():
                                                                ["-c", "pass"])
 
 
-def test_the_launcher_is_launch_s_re_exported_and_starts_without_jax():
-    # distributed.run, distributed.launch (labs and scripts call them there) are launch's own.
-    for name in ("launch", "run", "LaunchResult", "PortInUseError", "free_port"):
-        assert getattr(distributed, name) is getattr(launch, name)
+def test_the_launcher_has_one_path_and_starts_without_jax():
+    # launch.run, launch.launch (labs and scripts call them there) are launch's own, and the
+    # in-process half does not offer them under a second name.
+    for name in ("launch", "run", "LaunchResult"):
+        assert getattr(launch, name).__module__ == "clusterlab.device.launch"
+        assert not hasattr(distributed, name), name
     # The launcher (outside the processes) never imports JAX or the in-process half.
-    code = ("import sys, clusterlab.launch; "
-            "print(sorted(m for m in ('jax', 'clusterlab.distributed') if m in sys.modules))")
+    code = ("import sys, clusterlab.device.launch; "
+            "print(sorted(m for m in ('jax', 'clusterlab.device.distributed') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True).stdout
     assert out.strip() == "[]"
@@ -196,13 +199,13 @@ def test_link_from_fit_inverts_the_ring_line():
 
 def test_launcher_2x2_prefixes_output_and_checks_collectives():
     done = subprocess.run(
-        [sys.executable, "-m", "clusterlab.launch", "--processes", "2",
+        [sys.executable, "-m", "clusterlab.device.launch", "--processes", "2",
          "--devices-per-process", "2", "-m", MULTIHOST],
         cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr
     lines = done.stdout.splitlines()
     for rank in (0, 1):
-        assert any(line.startswith(f"[{rank}] process {rank} of 2 (clusterlab.launch): mesh "
+        assert any(line.startswith(f"[{rank}] process {rank} of 2 (clusterlab.device.launch): mesh "
                                    "(2, 2) (hosts, devices), 2 local device(s), all-reduces "
                                    "equal numpy's") for line in lines), done.stdout
     assert any(line.startswith("[0] devices: 4 CPU devices over 2 processes on 2 simulated "
@@ -211,7 +214,7 @@ def test_launcher_2x2_prefixes_output_and_checks_collectives():
 
 
 def test_collectives_4x1_give_the_right_values():
-    result = distributed.run(f"{MULTIHOST}:collectives_check", processes=4,
+    result = launch.run(f"{MULTIHOST}:collectives_check", processes=4,
                              devices_per_process=1)
     assert result.returncode == 0 and len(result.results) == 4
     for rank, value in enumerate(result.results):
@@ -223,7 +226,7 @@ def test_collectives_4x1_give_the_right_values():
 
 
 def test_training_across_processes_equals_one_device():
-    result = distributed.run(f"{MULTIHOST}:train_check", processes=2, devices_per_process=2,
+    result = launch.run(f"{MULTIHOST}:train_check", processes=2, devices_per_process=2,
                              steps=3)
     first, second = result.results
     assert first["mesh_shape"] == [2, 2]
@@ -238,8 +241,8 @@ def test_training_across_processes_equals_one_device():
 def test_a_killed_process_stops_the_job_in_bounded_time_with_no_strays():
     start = time.monotonic()
     launcher = subprocess.Popen(
-        [sys.executable, "-m", "clusterlab.launch", "--processes", "2",
-         "--devices-per-process", "2", "--timeout", "100", "-m", "clusterlab.distributed",
+        [sys.executable, "-m", "clusterlab.device.launch", "--processes", "2",
+         "--devices-per-process", "2", "--timeout", "100", "-m", "clusterlab.device.distributed",
          f"{MULTIHOST}:fail", json.dumps({"mode": "kill", "at_step": 2})],
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         start_new_session=True)
@@ -263,11 +266,11 @@ def test_a_killed_process_stops_the_job_in_bounded_time_with_no_strays():
 def test_a_failing_process_is_reported_with_its_error():
     with pytest.raises(distributed.DistributedError,
                        match=r"(?s)process 1 exited with code 1.*failure on purpose"):
-        distributed.run(f"{MULTIHOST}:fail", processes=2, devices_per_process=1, mode="raise")
+        launch.run(f"{MULTIHOST}:fail", processes=2, devices_per_process=1, mode="raise")
 
 
 def test_a_hung_process_is_caught_by_the_heartbeat():
-    result = distributed.run(f"{MULTIHOST}:fail", processes=2, devices_per_process=1,
+    result = launch.run(f"{MULTIHOST}:fail", processes=2, devices_per_process=1,
                              check=False, mode="hang",
                              launch_options={"heartbeat_timeout_s": 2, "timeout_s": 60})
     # Process 1 stops (SIGSTOP) with its sockets open; JAX declares it dead after the
@@ -279,7 +282,7 @@ def test_a_hung_process_is_caught_by_the_heartbeat():
 
 
 def test_a_missing_process_times_out_with_a_clear_error():
-    done = run_python("-m", "clusterlab.distributed", f"{MULTIHOST}:collectives_check",
+    done = run_python("-m", "clusterlab.device.distributed", f"{MULTIHOST}:collectives_check",
                       timeout=60, extra_env={
                           distributed.ENV_COORDINATOR: f"127.0.0.1:{distributed.free_port()}",
                           distributed.ENV_NUM_PROCESSES: "2", distributed.ENV_PROCESS_ID: "0",
@@ -291,11 +294,11 @@ def test_a_missing_process_times_out_with_a_clear_error():
 def test_a_device_count_mismatch_is_a_clear_error():
     # Every process says it, with the fix, once: process 0 (the coordination service's host)
     # waits until all have printed it before it exits, which would end the others at once.
-    result = distributed.run(f"{MULTIHOST}:collectives_check", processes=2,
+    result = launch.run(f"{MULTIHOST}:collectives_check", processes=2,
                              devices_per_process=[2, 1], check=False)
     assert result.returncode == 1, result.failure
     for rank, output in enumerate(result.outputs):
-        line = (f"clusterlab.distributed: process {rank} of 2: DeviceCountMismatchError: The "
+        line = (f"clusterlab.device.distributed: process {rank} of 2: DeviceCountMismatchError: The "
                 "processes have different numbers of devices (process 0: 2, process 1: 1). A "
                 "(hosts, devices) mesh needs the same count everywhere: start every process "
                 "with the same devices_per_process")

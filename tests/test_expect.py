@@ -27,9 +27,9 @@ from pathlib import Path
 
 import pytest
 
-from clusterlab import __main__ as cli
-from clusterlab import costmodel, expect
-from clusterlab.published import nccl_tests
+from clusterlab.analytic import costmodel
+from clusterlab.catalog.published import nccl_tests
+from clusterlab.course import cli as cli, expect
 from conftest import run_python
 
 DATA = Path(__file__).parent / "data"

@@ -1,4 +1,4 @@
-"""clusterlab.fabric: the flow-level model of collectives with contention.
+"""clusterlab.analytic.fabric: the flow-level model of collectives with contention.
 
 Where the answer is known it must come out: max-min fairness on a textbook example; the closed
 form of a step against the event-driven loop; without contention, the course's one network
@@ -41,8 +41,8 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 
-from clusterlab import costmodel, fabric, topology
-from clusterlab.costmodel import _nccl
+from clusterlab.analytic import costmodel, fabric, topology
+from clusterlab.analytic.costmodel import _nccl
 
 GIB = 2**30
 NVLINK = 450e9          # H100 NVLink4 per direction
@@ -482,7 +482,7 @@ def test_contention_factor_counts_oversubscription_and_collisions():
 
 
 def test_planner_takes_the_contention_factor():
-    from clusterlab import plan
+    from clusterlab.analytic import plan
 
     w = plan.Workload(8e9, 2048, 256, n_tokens=1e9, n_layers=32, d_model=4096)
     hw = plan.cluster("H100", 64, storage_read_bytes_per_s=1e12)

@@ -5,7 +5,8 @@ from dataclasses import replace
 
 import pytest
 
-from clusterlab import costmodel, flops, hardware, plan
+from clusterlab.analytic import costmodel, flops, plan
+from clusterlab.catalog import hardware
 
 JOB = plan.FABRIC_JOB
 A, B, B2 = (plan.FABRIC_CLUSTERS[k] for k in ("A", "B", "B2"))

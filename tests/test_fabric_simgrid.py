@@ -1,7 +1,7 @@
-"""clusterlab.fabric against SimGrid, an established flow-level simulator (cross-check).
+"""clusterlab.analytic.fabric against SimGrid, an established flow-level simulator (cross-check).
 
 The same step of a collective (the same flows, on the same links, along the same routes) is
-timed twice: by :func:`clusterlab.fabric.step_seconds` and by SimGrid 3.32's network model.
+timed twice: by :func:`clusterlab.analytic.fabric.step_seconds` and by SimGrid 3.32's network model.
 SimGrid runs in its ideal-factor mode, so that both are the same fluid model of max-min fair
 sharing and differ only in their implementation (SimGrid's lmm solver and event loop against
 the vectorised progressive filling and closed form here):
@@ -139,7 +139,7 @@ def simgrid_step_seconds(fabric_, src, dst, nbytes, tmp_path) -> float:
 
 # --- The cross-check ----------------------------------------------------------------------------
 
-from clusterlab import fabric, topology  # noqa: E402
+from clusterlab.analytic import fabric, topology  # noqa: E402
 
 GB = 1e9
 CASES = [  # (hosts per leaf = leaves, spines): 1:1 when spines == hosts per leaf

@@ -1,10 +1,11 @@
-"""Unit tests of clusterlab.flops against hand-derived and published values."""
+"""Unit tests of clusterlab.analytic.flops against hand-derived and published values."""
 
 import math
 
 import pytest
 
-from clusterlab import flops, hardware
+from clusterlab.analytic import flops
+from clusterlab.catalog import hardware
 
 
 def test_training_flops_gpt3_matches_published_total():

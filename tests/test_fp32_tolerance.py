@@ -19,8 +19,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from clusterlab import check, decode, models
-from clusterlab.parallel import data, pipeline, tensor
+from clusterlab.analytic.schedule import BACKWARD, FORWARD, IDLE, make_schedule
+from clusterlab.course import check
+from clusterlab.device import decode, models
+from clusterlab.device.parallel import data, pipeline, tensor
 from conftest import DEVICES, sub_mesh
 
 # The loosest tolerance a GPU comparison would use: TF32, JAX's default for float32 there.
@@ -138,13 +140,13 @@ def test_pipeline_controls_lab_05():
                                                    schedule=schedule)
         return strategy.grads(strategy.shard(params), x, y)
 
-    good = pipeline.make_schedule(4, 4, "gpipe")
+    good = make_schedule(4, 4, "gpipe")
     reordered = good.microbatch.copy()
-    backward = good.kind[:, 1] == pipeline.BACKWARD
+    backward = good.kind[:, 1] == BACKWARD
     reordered[backward, 1] = reordered[backward, 1][::-1]
     dropped = good.kind.copy()
-    dropped[(good.kind[:, 0] == pipeline.FORWARD) & (good.microbatch[:, 0] == 1), 0] = (
-        pipeline.IDLE)
+    dropped[(good.kind[:, 0] == FORWARD) & (good.microbatch[:, 0] == 1), 0] = (
+        IDLE)
     with check.fp32_matmuls():
         reference = jax.grad(models.mse_loss)(params, x, y)
         assert relative_difference(grads(good), reference) <= check.fp32_rtol()

@@ -1,4 +1,4 @@
-"""clusterlab.gemm: waves over the SMs, the memory-bound regime, the benchmark's ceiling, and a
+"""clusterlab.analytic.gemm: waves over the SMs, the memory-bound regime, the benchmark's ceiling, and a
 transformer layer's GEMMs counting exactly the planner's FLOPs."""
 
 from __future__ import annotations
@@ -7,7 +7,8 @@ import dataclasses
 
 import pytest
 
-from clusterlab import gemm, hardware, plan
+from clusterlab.analytic import gemm, plan
+from clusterlab.catalog import hardware
 
 A100, H100 = hardware.gpu("A100"), hardware.gpu("H100")
 

@@ -17,7 +17,8 @@ import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from clusterlab import check, collectives, grading, student
+from clusterlab.course import check, grading, student
+from clusterlab.device import collectives
 from conftest import DEVICES, ROOT, fixture_submission, run_python, sub_mesh
 
 FIXTURE_KEYS = ROOT / "tests" / "data" / "keys"
@@ -89,7 +90,7 @@ def test_keys_are_found_above_the_working_directory(monkeypatch):
     ("key.py", "KEY = {}", "named labNN.py"),
     ("lab97.py", "ANSWERS = {}", "must define KEY"),
     ("lab97.py", "KEY = {'lab97.1': 2.5}", "must define KEY"),
-    ("lab97.py", "from clusterlab import grading\nKEY = {'lab96.1': grading.close(1, name='x')}",
+    ("lab97.py", "from clusterlab.course import grading\nKEY = {'lab96.1': grading.close(1, name='x')}",
      r"another lab or badly named ids: \['lab96.1'\]"),
 ])
 def test_malformed_keys_are_refused(tmp_path, name, text, match):
@@ -190,7 +191,7 @@ def test_a_function_that_ignores_an_input_is_judged_on_those_it_reads():
 
 # --- python -m clusterlab grade: a submitted notebook, run in its own kernel --------------------
 
-FIXTURE_CELLS = ["from clusterlab import check\npair = (1, 2)",
+FIXTURE_CELLS = ["from clusterlab.course import check\npair = (1, 2)",
                  "answer = 2.5  # s\ncheck.answer(\"lab98.1\", answer)",
                  "raise RuntimeError('a broken cell does not stop grading')",
                  "answer = [1, 2]\ncheck.answer(\"lab98.2\", answer)",

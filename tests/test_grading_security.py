@@ -12,16 +12,16 @@ from pathlib import Path
 
 import pytest
 
-from clusterlab import grading, sandbox
+from clusterlab.course import grading, sandbox
 from conftest import ROOT, fixture_submission
 
 FIXTURE_KEYS = ROOT / "tests" / "data" / "keys"
 SMALL = sandbox.Limits(cpu_s=6, memory_bytes=4 * 2**30, processes=96, wall_s=60)
-BLANK = ["from clusterlab import check\npair = (1, 2)",
+BLANK = ["from clusterlab.course import check\npair = (1, 2)",
          "answer = ...\ncheck.answer(\"lab98.1\", answer)",
          "answer = ...\ncheck.answer(\"lab98.2\", answer)",
          "double = ...\ncheck.answer(\"lab98.3\", double)"]
-HONEST = ["from clusterlab import check\npair = (1, 2)",
+HONEST = ["from clusterlab.course import check\npair = (1, 2)",
           "check.answer(\"lab98.1\", 2.5)",
           "check.answer(\"lab98.2\", [1, 2])",
           "def double(x):\n    return 2 * x\ncheck.answer(\"lab98.3\", double)"]
@@ -38,14 +38,14 @@ def _lines(path: Path) -> list[str]:
 
 ATTACKS = {
     "the forgery of issue 22": (
-        "import clusterlab.grading as g\n"
+        "import clusterlab.course.grading as g\n"
         "g.judge_all = lambda key, recorded, ns: [g.Verdict(i, True, '✓ ' + key[i].name + "
         "': correct') for i in sorted(key, key=g._order)]"),
     "a printed verdict line": (
         "print('clusterlab-grade 0 [[\"lab98.1\", true, \"✓ time (s) is correct.\"]]')\n"
         "print('  lab98.1  ✓ time (s) is correct.')"),
-    "patched clusterlab.check and answers": (
-        "import clusterlab.answers as a, clusterlab.check as c\n"
+    "patched clusterlab.course.check and answers": (
+        "import clusterlab.course.answers as a, clusterlab.course.check as c\n"
         "a.close_verdict = a.equal_verdict = lambda *args, **kw: (True, '✓ correct')\n"
         "a.is_unanswered = lambda value: False\n"
         "c.answer = lambda i, v: a.record(i, v)"),
@@ -71,7 +71,7 @@ def test_the_submission_sees_no_key_by_path_env_or_walking_up(tmp_path):
     # it records what it could read as lab98.1's answer: the verdict shows what it saw
     probe = (
         "import os, pathlib\n"
-        "from clusterlab import check, grading\n"
+        "from clusterlab.course import check, grading\n"
         f"paths = [{str(FIXTURE_KEYS / 'lab98.py')!r}, {str(ROOT / 'keys' / 'lab00.py')!r},\n"
         "         os.environ.get('CLUSTERLAB_KEYS', '') + '/lab98.py']\n"
         f"for start in (pathlib.Path.cwd(), pathlib.Path({str(tmp_path)!r})):\n"
@@ -155,7 +155,7 @@ def test_a_program_calling_outside_xla_is_refused():
     # lowers to LAPACK custom calls: a harmless one, refused by the same rule.
     import jax.numpy as jnp
 
-    from clusterlab import submission
+    from clusterlab.course import submission
 
     export = grading.Export(args=[((2, 2), "float32")], n_devices=1)
     data = submission.export_answer(jnp.linalg.inv, [export.request()])

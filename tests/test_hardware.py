@@ -1,4 +1,4 @@
-"""clusterlab.hardware: every number has a source in references.bib, quotes are consistent,
+"""clusterlab.catalog.hardware: every number has a source in references.bib, quotes are consistent,
 lookups are case-insensitive."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from clusterlab import hardware
+from clusterlab.catalog import hardware
 from conftest import ROOT
 
 BIB_KEYS = set(re.findall(r"^@\w+\{([^,\s]+),", (ROOT / "references.bib").read_text(),

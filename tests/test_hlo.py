@@ -1,4 +1,4 @@
-"""clusterlab.hlo: the collectives XLA compiled into a program, counted from its HLO text."""
+"""clusterlab.device.hlo: the collectives XLA compiled into a program, counted from its HLO text."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from clusterlab import collectives, devices, hlo
+from clusterlab.device import collectives, devices, hlo
 from conftest import sub_mesh
 
 

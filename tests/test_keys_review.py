@@ -7,7 +7,7 @@ import jax.numpy as jnp
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from clusterlab import grading
+from clusterlab.course import grading
 from conftest import ROOT, sub_mesh
 
 KEYS = ROOT / "keys"

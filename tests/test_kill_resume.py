@@ -1,6 +1,6 @@
 """The kill test: SIGKILL a training job at random moments, resume it, get the same bits.
 
-``clusterlab.killtest.kill_test`` runs ``python -m clusterlab.train_demo`` once
+``clusterlab.device.killtest.kill_test`` runs ``python -m clusterlab.device.train_demo`` once
 uninterrupted (the reference), then again, killing it with SIGKILL 12 times over a job of 40
 steps: each kill aimed at a data read, a step or a checkpoint write (four of each, in a seeded
 order), at a seeded random occurrence and a seeded random moment inside it, and restarting the
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import pytest
 
-from clusterlab import killtest
+from clusterlab.device import killtest
 
 N_KILLS = 12
 SEED = 20261201

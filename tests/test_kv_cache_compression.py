@@ -1,10 +1,10 @@
-"""KV-cache compression in clusterlab.memory.kv_cache_bytes: GQA, MLA and FP8, against the papers."""
+"""KV-cache compression in clusterlab.analytic.memory.kv_cache_bytes: GQA, MLA and FP8, against the papers."""
 
 from __future__ import annotations
 
 import pytest
 
-from clusterlab import memory
+from clusterlab.analytic import memory
 
 # DeepSeek-V3 (arXiv 2412.19437, Section 4.2 hyper-parameters): 61 layers, 128 attention heads of
 # 128 (d_h), KV compression dimension d_c = 512, decoupled RoPE key d_h^R = 64.

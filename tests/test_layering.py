@@ -1,60 +1,47 @@
-"""clusterlab's four layers: nothing lower imports higher, no import circle, no JAX below devices.
+"""clusterlab's four layers are its four packages: nothing lower imports higher, no import
+circle, no JAX in the catalog or the analytical models, and nothing they import at load time that
+the base install lacks.
 
-DESIGN.md orders the library in four layers, each importing only its own and those below it:
+The packages, lowest first (the root ``clusterlab/__init__`` says what each is for):
 
-1. catalog: hardware, published, and their input checks;
-2. analytical models (NumPy only): the cost model, the planner, the fabric, memory, FLOPs, ...;
-3. device code (JAX): devices, benchmarks, collectives, models, parallel strategies, ...;
-4. course machinery: checks, grading, student copies, plotting, the command line.
+1. ``clusterlab.catalog``: hardware and published measurements;
+2. ``clusterlab.analytic``: the models (NumPy, SciPy, networkx; no JAX);
+3. ``clusterlab.device``: code on JAX devices;
+4. ``clusterlab.course``: checks, grading, student copies, plotting, the command line.
 
-Every module of ``lib/clusterlab`` is parsed with ``ast`` (no import runs), and every import in it
-is an arrow, at the top of the module or inside a function alike: an import inside a function
-runs as surely as one at the top, only later. A module's layer is that of its top-level name
-under ``clusterlab`` (``clusterlab.costmodel._nccl`` is ``costmodel``'s), so a new submodule of a
-package falls in its package's layer, and a new top-level module must be placed here first. The
+A module's layer is its path: the package under ``clusterlab`` it sits in. Beside the four, the
+top level holds only ``__init__``, ``__main__`` (the command line, so course) and private helpers
+(``_checks``: input checks every layer uses, below all of them). Every module is parsed with
+``ast`` (no import runs), and every import in it is an arrow, at the top of the module or inside
+a function alike: an import inside a function runs as surely as one at the top, only later. The
 last tests run the same checker on made-up graphs and show that it reports an upward arrow, a
-circle and JAX in an analytical module.
+circle, JAX in an analytical module and a module outside the four packages.
 """
 
 from __future__ import annotations
 
 import ast
+import sys
+import tomllib
 from pathlib import Path
 
 import pytest
 
 PACKAGE = "clusterlab"
-SOURCE = Path(__file__).resolve().parents[1] / "lib" / PACKAGE
+ROOT = Path(__file__).resolve().parents[1]
+SOURCE = ROOT / "lib" / PACKAGE
 
-CATALOG, ANALYTICAL, DEVICE, COURSE = 1, 2, 3, 4
-LAYER_NAMES = {CATALOG: "catalog", ANALYTICAL: "analytical models", DEVICE: "device code",
-               COURSE: "course machinery"}
-# Keyed by the top-level name under clusterlab: a package's submodules share its layer.
-LAYERS = {
-    # 1. catalog
-    "hardware": CATALOG, "published": CATALOG, "_checks": CATALOG,
-    # 2. analytical models: NumPy, no JAX (tables formats text and sizes, with no JAX either)
-    "costmodel": ANALYTICAL, "plan": ANALYTICAL, "serving": ANALYTICAL, "moe": ANALYTICAL,
-    "memory": ANALYTICAL, "flops": ANALYTICAL, "storage": ANALYTICAL,
-    "reliability": ANALYTICAL, "fabric": ANALYTICAL, "topology": ANALYTICAL,
-    "schedule": ANALYTICAL, "tables": ANALYTICAL, "gemm": ANALYTICAL,
-    # 3. device code
-    "devices": DEVICE, "bench": DEVICE, "collectives": DEVICE, "hlo": DEVICE, "models": DEVICE,
-    "parallel": DEVICE, "dataloader": DEVICE, "checkpoint": DEVICE, "decode": DEVICE,
-    "distributed": DEVICE, "launch": DEVICE, "_job": DEVICE, "train_demo": DEVICE,
-    "killtest": DEVICE, "profile": DEVICE,
-    # 4. course machinery
-    "check": COURSE, "answers": COURSE, "verification": COURSE, "grading": COURSE,
-    "student": COURSE, "submission": COURSE, "sandbox": COURSE, "plotting": COURSE,
-    "expect": COURSE, "__main__": COURSE,
-    "examples": COURSE,
-}
+HELPERS, CATALOG, ANALYTICAL, DEVICE, COURSE = 0, 1, 2, 3, 4
+LAYER_NAMES = {HELPERS: "private helpers", CATALOG: "catalog", ANALYTICAL: "analytic",
+               DEVICE: "device", COURSE: "course"}
+PACKAGES = {"catalog": CATALOG, "analytic": ANALYTICAL, "device": DEVICE, "course": COURSE,
+            "__main__": COURSE}
 # Libraries built on JAX: none may be imported below the device layer.
 JAX_LIBRARIES = frozenset({"jax", "jaxlib", "optax", "orbax", "grain", "flax", "equinox", "chex"})
 
 
 def module_name(path: Path, root: Path = SOURCE) -> str:
-    """``lib/clusterlab/costmodel/_nccl.py`` -> ``clusterlab.costmodel._nccl`` (a package's
+    """``lib/clusterlab/analytic/costmodel/_nccl.py`` -> ``clusterlab.analytic.costmodel._nccl`` (a package's
     ``__init__.py`` is the package)."""
     parts = [PACKAGE, *path.relative_to(root).with_suffix("").parts]
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
@@ -63,7 +50,7 @@ def module_name(path: Path, root: Path = SOURCE) -> str:
 def _imported(node: ast.Import | ast.ImportFrom, importer: str, is_package: bool,
               modules: set[str]) -> set[str]:
     """The absolute names one import statement brings in: a module of the library where it
-    names one (``from clusterlab import hlo`` is ``clusterlab.hlo``), else what it names."""
+    names one (``from clusterlab import hlo`` is ``clusterlab.device.hlo``), else what it names."""
     if isinstance(node, ast.Import):
         return {alias.name for alias in node.names}
     if node.level:  # relative: from the importer's package, one level up per extra dot
@@ -101,13 +88,19 @@ def import_graph(root: Path = SOURCE) -> dict[str, set[str]]:
 
 
 def layer_of(module: str) -> int | None:
-    """The layer of a module of the library (``None``: the package root, or not placed)."""
+    """The layer of a module of the library: its package under ``clusterlab``, or the private
+    helpers' for a top-level ``_name`` (``None``: the package root, or a module outside the four
+    packages)."""
     parts = module.split(".")
-    return LAYERS.get(parts[1]) if len(parts) > 1 else None
+    if len(parts) < 2:
+        return None
+    if parts[1] in PACKAGES:
+        return PACKAGES[parts[1]]
+    return HELPERS if len(parts) == 2 and parts[1].startswith("_") else None
 
 
 def unplaced(graph: dict[str, set[str]]) -> list[str]:
-    """Modules of the library that LAYERS does not place."""
+    """Modules of the library outside the four packages (and not a private helper)."""
     return sorted(m for m in graph if m != PACKAGE and layer_of(m) is None)
 
 
@@ -162,10 +155,10 @@ def circles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 
 def jax_below_devices(graph: dict[str, set[str]]) -> list[str]:
-    """Each import of a JAX library by a catalog or analytical module."""
+    """Each import of a JAX library by a catalog, analytical or private helper module."""
     return [f"{module} ({LAYER_NAMES[layer_of(module)]}) imports {target}"
             for module, targets in sorted(graph.items())
-            if (layer_of(module) or DEVICE) < DEVICE
+            if layer_of(module) is not None and layer_of(module) < DEVICE
             for target in sorted(targets & JAX_LIBRARIES)]
 
 
@@ -176,9 +169,15 @@ def graph() -> dict[str, set[str]]:
     return import_graph()
 
 
-def test_every_module_has_a_layer(graph):
-    assert unplaced(graph) == [], ("place these modules in a layer (LAYERS in "
-                                   "tests/test_layering.py; DESIGN.md lists the layers)")
+def test_every_module_is_in_a_layer_package(graph):
+    assert unplaced(graph) == [], ("move these modules into catalog/, analytic/, device/ or "
+                                   "course/ (the root __init__ says what each holds)")
+
+
+def test_the_top_level_holds_the_four_packages_and_nothing_public():
+    entries = {p.name for p in SOURCE.iterdir() if p.name != "__pycache__"}
+    public = {name for name in entries if not name.startswith("_")}
+    assert public == {"catalog", "analytic", "device", "course"}, entries
 
 
 def test_nothing_imports_a_higher_layer(graph):
@@ -195,12 +194,68 @@ def test_the_catalog_and_the_analytical_models_import_no_jax(graph):
 
 def test_the_graph_sees_function_level_and_package_imports(graph):
     # What the checks above rest on, read from the real modules: an import inside a function
-    # (grading's JAX, for code exercises), a name imported from the package that is a module
-    # (check's "from clusterlab import answers, grading"), a submodule of a package.
-    assert "jax" in graph["clusterlab.grading"]
-    assert {"clusterlab.answers", "clusterlab.grading"} <= graph["clusterlab.check"]
-    assert any(m.startswith("clusterlab.costmodel.") for m in graph)
-    assert layer_of("clusterlab.costmodel._nccl") == ANALYTICAL
+    # (grading's JAX, for code exercises), a name imported from a package that is a module
+    # (check's "from clusterlab.course import answers, grading"), a submodule of a package.
+    assert "jax" in graph["clusterlab.course.grading"]
+    assert {"clusterlab.course.answers",
+            "clusterlab.course.grading"} <= graph["clusterlab.course.check"]
+    assert any(m.startswith("clusterlab.analytic.costmodel.") for m in graph)
+    assert layer_of("clusterlab.analytic.costmodel._nccl") == ANALYTICAL
+    assert layer_of("clusterlab._checks") == HELPERS
+
+
+def _top_level_imports(path: Path) -> set[str]:
+    """The top-level names of what a module imports when it loads (not inside a function)."""
+    names = set()
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.Import):
+            names |= {alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            names.add(node.module.split(".")[0])
+    return names
+
+
+def _distribution(requirement: str) -> str:
+    """``"jax>=0.10"`` -> ``"jax"``: the name a requirement installs."""
+    for stop in "<>=!~[; ":
+        requirement = requirement.split(stop)[0]
+    return requirement.lower()
+
+
+# Import names that differ from the distribution that installs them.
+IMPORT_NAME = {"ipython": "IPython", "orbax-checkpoint": "orbax", "jupyter-book": None,
+               "sphinx-exercise": None, "sphinxcontrib-bibtex": None,
+               "sphinx-mathjax-offline": None}
+
+
+def test_what_the_layers_import_at_load_time_is_declared():
+    # B2 of the outside review: pyproject declared jax, numpy, matplotlib, networkx and tqdm, but
+    # modules imported optax, scipy, IPython and nbformat when they loaded. The catalog and the
+    # analytical models may load only the base install; device and course modules may also load
+    # their own extra. (An import inside a function is how a module uses an extra it rarely needs:
+    # tables' IPython, grading's nbformat.)
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    declared = {layer: {IMPORT_NAME.get(_distribution(r), _distribution(r))
+                        for r in requirements}
+                for layer, requirements in project["optional-dependencies"].items()}
+    base = {_distribution(r) for r in project["dependencies"]}
+    allowed = {CATALOG: base, ANALYTICAL: base, HELPERS: base,
+               DEVICE: base | declared["device"], COURSE: base | declared["course"]}
+    undeclared = []
+    for path in sorted(SOURCE.rglob("*.py")):
+        module = module_name(path)
+        layer = layer_of(module)
+        if layer is None:
+            continue
+        for name in sorted(_top_level_imports(path)):
+            if name in sys.stdlib_module_names or name in (PACKAGE, "__future__"):
+                continue
+            # a course module may load device code (the extras are installed together)
+            if layer == COURSE and name in allowed[DEVICE]:
+                continue
+            if name not in allowed[layer]:
+                undeclared.append(f"{module} ({LAYER_NAMES[layer]}) loads {name}")
+    assert undeclared == [], "declare these in pyproject.toml, or import them where used"
 
 
 # --- the checker catches what it is there to catch (negative controls) ------------------------
@@ -216,30 +271,36 @@ def _fake_library(tmp_path: Path, files: dict[str, str]) -> dict[str, set[str]]:
 
 def test_an_upward_arrow_inside_a_function_is_reported(tmp_path):
     fake = _fake_library(tmp_path, {
-        "hardware.py": "def gpu():\n    from clusterlab import bench\n    return bench\n",
-        "bench.py": "import numpy\n",
+        "catalog/__init__.py": "", "device/__init__.py": "",
+        "catalog/hardware.py": ("def gpu():\n    from clusterlab.device import bench\n"
+                                "    return bench\n"),
+        "device/bench.py": "import numpy\n",
     })
     assert upward_arrows(fake) == [
-        "clusterlab.hardware (catalog) imports clusterlab.bench (device code)"]
+        "clusterlab.catalog.hardware (catalog) imports clusterlab.device.bench (device)"]
 
 
 def test_a_circle_through_a_package_is_reported(tmp_path):
     fake = _fake_library(tmp_path, {
-        "costmodel/__init__.py": "from .traffic import bytes_moved\n",
-        "costmodel/traffic.py": "from clusterlab.fabric import steps\n",
-        "fabric.py": "from clusterlab import costmodel\n",
+        "analytic/__init__.py": "",
+        "analytic/costmodel/__init__.py": "from .traffic import bytes_moved\n",
+        "analytic/costmodel/traffic.py": "from clusterlab.analytic.fabric import steps\n",
+        "analytic/fabric.py": "from clusterlab.analytic import costmodel\n",
     })
     assert upward_arrows(fake) == []  # all three are analytical: only the circle is wrong
-    assert circles(fake) == [["clusterlab.costmodel", "clusterlab.costmodel.traffic",
-                              "clusterlab.fabric"]]
+    assert circles(fake) == [["clusterlab.analytic.costmodel",
+                              "clusterlab.analytic.costmodel.traffic",
+                              "clusterlab.analytic.fabric"]]
 
 
 def test_jax_in_an_analytical_module_is_reported(tmp_path):
-    fake = _fake_library(tmp_path, {"memory.py": "import jax.numpy as jnp\n",
-                                    "devices.py": "import jax\n"})
-    assert jax_below_devices(fake) == ["clusterlab.memory (analytical models) imports jax"]
+    fake = _fake_library(tmp_path, {"analytic/__init__.py": "", "device/__init__.py": "",
+                                    "analytic/memory.py": "import jax.numpy as jnp\n",
+                                    "device/devices.py": "import jax\n"})
+    assert jax_below_devices(fake) == ["clusterlab.analytic.memory (analytic) imports jax"]
 
 
-def test_a_new_module_without_a_layer_is_reported(tmp_path):
-    fake = _fake_library(tmp_path, {"profile_new.py": "import numpy\n"})
+def test_a_module_outside_the_four_packages_is_reported(tmp_path):
+    fake = _fake_library(tmp_path, {"profile_new.py": "import numpy\n",
+                                    "_private.py": "import math\n"})
     assert unplaced(fake) == ["clusterlab.profile_new"]

@@ -1,10 +1,10 @@
-"""Tests of clusterlab.memory against the ZeRO paper's worked example and hand-derived values."""
+"""Tests of clusterlab.analytic.memory against the ZeRO paper's worked example and hand-derived values."""
 
 from __future__ import annotations
 
 import pytest
 
-from clusterlab import memory
+from clusterlab.analytic import memory
 
 
 @pytest.mark.parametrize("stage, expected_gb", [(0, 120.0), (1, 31.4), (2, 16.6), (3, 1.88)])

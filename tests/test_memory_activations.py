@@ -6,7 +6,8 @@ import jax.numpy as jnp
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from clusterlab import devices, memory
+from clusterlab.analytic import memory
+from clusterlab.device import devices
 from conftest import sub_mesh
 
 GPT3 = dict(seq_len=2048, micro_batch=1, hidden=12288, n_heads=96)

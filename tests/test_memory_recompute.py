@@ -23,7 +23,9 @@ import jax
 import numpy as np
 import pytest
 
-from clusterlab import check, hlo, memory, models
+from clusterlab.analytic import memory
+from clusterlab.course import check
+from clusterlab.device import hlo, models
 
 B, S, D, NH, H = 2, 64, 32, 4, 128          # batch, sequence, width, heads, MLP width
 LENGTHS = (2, 4)                             # blocks; 1 would let XLA unroll the scan

@@ -1,4 +1,4 @@
-"""Unit tests of clusterlab.models: shapes, determinism, the transformer's causality and heads,
+"""Unit tests of clusterlab.device.models: shapes, determinism, the transformer's causality and heads,
 and the single-device reference training run."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import numpy as np
 import optax
 import pytest
 
-from clusterlab import models
+from clusterlab.device import models
 
 D, H, BLOCKS = 16, 32, 3
 

@@ -1,8 +1,8 @@
-"""costmodel.cluster_collective: NCCL 2.30.7's own tuning model (clusterlab.costmodel._nccl),
-and its validation against published nccl-tests rows (clusterlab.published.nccl_tests), by regime.
+"""costmodel.cluster_collective: NCCL 2.30.7's own tuning model (clusterlab.analytic.costmodel._nccl),
+and its validation against published nccl-tests rows (clusterlab.catalog.published.nccl_tests), by regime.
 
 The expected values below are worked by hand from the rules of NCCL's src/graph/tuning.cc and
-search.cc (v2.30.7-1) that clusterlab.costmodel._nccl cites, not copied from the model's output.
+search.cc (v2.30.7-1) that clusterlab.analytic.costmodel._nccl cites, not copied from the model's output.
 Each "old rules" test pins a claim that NCCL 2.7.5's rules (the course's previous model) got wrong.
 """
 
@@ -12,9 +12,10 @@ import math
 
 import pytest
 
-from clusterlab import costmodel, hardware, plan
-from clusterlab.costmodel import _model, _nccl, validation
-from clusterlab.published import nccl_tests
+from clusterlab.analytic import costmodel, plan
+from clusterlab.analytic.costmodel import _model, _nccl, validation
+from clusterlab.catalog import hardware
+from clusterlab.catalog.published import nccl_tests
 
 MIB, GIB = 2**20, 2**30
 

@@ -13,8 +13,9 @@ import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from clusterlab import check, collectives, devices
-from clusterlab.parallel import tensor
+from clusterlab.course import check
+from clusterlab.device import devices, hlo
+from clusterlab.device.parallel import tensor
 from conftest import sub_mesh
 
 AXIS = "model"
@@ -89,20 +90,20 @@ def test_compiled_collectives(p, kind):
     mesh, inputs = _inputs(p)
     a, b = inputs[kind]
     block_bytes = T // p * D * 4  # a token block: T/p x D float32, sent in either form
-    overlapped = collectives.summarize(
-        collectives.compiled_collectives(_MAKE[kind](mesh, AXIS, overlap=True), a, b))
+    overlapped = hlo.summarize(
+        hlo.compiled_collectives(_MAKE[kind](mesh, AXIS, overlap=True), a, b))
     check.verify_equal(f"{kind} collective matmul on {p} devices: only collective-permutes",
                        list(overlapped), ["collective-permute"])
     check.verify_equal(f"{kind}, {p} devices: p-1 collective-permutes",
                        overlapped["collective-permute"].n_ops, p - 1)
     check.verify_equal(f"{kind}, {p} devices: each a T/p x D float32 block",
                        overlapped["collective-permute"].total_bytes, (p - 1) * block_bytes)
-    plain = collectives.summarize(
-        collectives.compiled_collectives(_MAKE[kind](mesh, AXIS, overlap=False), a, b))
+    plain = hlo.summarize(
+        hlo.compiled_collectives(_MAKE[kind](mesh, AXIS, overlap=False), a, b))
     check.verify_equal(f"plain {kind} matmul on {p} devices: one {_PLAIN_COLLECTIVE[kind]}",
                        {k: s.n_ops for k, s in plain.items()}, {_PLAIN_COLLECTIVE[kind]: 1})
     # backward: each permute transposed into one in the opposite direction
-    grads = collectives.summarize(collectives.compiled_collectives(
+    grads = hlo.summarize(hlo.compiled_collectives(
         _loss_and_grads(_MAKE[kind](mesh, AXIS, overlap=True)), a, b))
     # the loss is summed over the sharded output outside shard_map: one all-reduce of 4 bytes
     check.verify_equal(f"{kind}, {p} devices, forward and backward: 2(p-1) permutes and the "
@@ -115,10 +116,10 @@ def test_compiled_collectives(p, kind):
 def test_schedule_on_xla_cpu(p):
     """What XLA:CPU does with the schedule, read from the compiled program (not assumed)."""
     mesh, inputs = _inputs(p)
-    text = collectives.compiled_text(tensor.make_column_matmul(mesh, AXIS, overlap=True),
+    text = hlo.compiled_text(tensor.make_column_matmul(mesh, AXIS, overlap=True),
                                      *inputs["column"])
     check.verify("the compiled module is scheduled", "is_scheduled=true" in text.split("\n")[0])
-    slots = collectives.permute_schedule(text)
+    slots = hlo.permute_schedule(text)
     check.verify_equal(f"{p} devices: p-1 permutes in the schedule", len(slots), p - 1)
     check.verify("every permute sends a block that a matmul of the entry also reads",
                  all(slot.matmul for slot in slots), detail=str(slots))
@@ -134,9 +135,9 @@ def test_schedule_on_xla_cpu(p):
     check.verify_equal(f"{p} devices: permutes issued before their block's matmul",
                        issued_before, [True] + [False] * (p - 2))
 
-    row_text = collectives.compiled_text(tensor.make_row_matmul(mesh, AXIS, overlap=True),
+    row_text = hlo.compiled_text(tensor.make_row_matmul(mesh, AXIS, overlap=True),
                                          *inputs["row"])
-    row_slots = collectives.permute_schedule(row_text)
+    row_slots = hlo.permute_schedule(row_text)
     check.verify_equal(f"{p} devices, reduce-scatter form: p-1 permutes", len(row_slots), p - 1)
     check.verify("reduce-scatter form: each permute paired with the matmul added to it",
                  all(slot.matmul for slot in row_slots), detail=str(row_slots))
@@ -166,7 +167,7 @@ ENTRY %main (x: f32[4,8], w: f32[8,4]) -> (f32[4,8], f32[4,4]) {
 
 def test_schedule_reader_on_an_asynchronous_permute():
     """The reader on a hand-written GPU-style schedule: start, the matmul, done."""
-    (slot,) = collectives.permute_schedule(_ASYNC_HLO)
+    (slot,) = hlo.permute_schedule(_ASYNC_HLO)
     check.verify_equal("the permute, what it sends, its matmul",
                        (slot.permute, slot.sent, slot.matmul), ("cp-start", "x", "mm"))
     check.verify("asynchronous, in flight during the matmul",
@@ -176,7 +177,7 @@ def test_schedule_reader_on_an_asynchronous_permute():
     lines = _ASYNC_HLO.splitlines()
     done = next(i for i, line in enumerate(lines) if "collective-permute-done" in line)
     lines[done - 1], lines[done] = lines[done], lines[done - 1]
-    (moved,) = collectives.permute_schedule("\n".join(lines))
+    (moved,) = hlo.permute_schedule("\n".join(lines))
     check.verify("done before the matmul: not in flight during it",
                  moved.issued_before_matmul and not moved.in_flight_during_matmul,
                  detail=str(moved))
@@ -185,7 +186,7 @@ def test_schedule_reader_on_an_asynchronous_permute():
 def test_one_device_and_refusals():
     mesh, inputs = _inputs(1)
     a, b = inputs["column"]
-    check.verify_equal("one device: no collective", collectives.compiled_collectives(
+    check.verify_equal("one device: no collective", hlo.compiled_collectives(
         tensor.make_column_matmul(mesh, AXIS, overlap=True), a, b), [])
     with pytest.raises(ValueError, match="misplace_by"):
         tensor.make_column_matmul(mesh, AXIS, overlap=False, misplace_by=1)

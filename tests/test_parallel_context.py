@@ -1,4 +1,4 @@
-"""Context parallelism (clusterlab.parallel.context): ring attention (contiguous and zig-zag) and
+"""Context parallelism (clusterlab.device.parallel.context): ring attention (contiguous and zig-zag) and
 Ulysses against one device's attention, forward and gradients; the causal work per device
 counted by the implementation against the formula; the collectives of the compiled programs
 against the formulas; per-device memory from the compiled program against 1/p; input checks;
@@ -13,8 +13,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from clusterlab import check, hlo
-from clusterlab.parallel import context
+from clusterlab.course import check
+from clusterlab.device import hlo
+from clusterlab.device.parallel import context
 from conftest import sub_mesh
 
 AXIS = "seq"

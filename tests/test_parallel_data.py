@@ -1,5 +1,5 @@
-"""Unit tests of data parallelism (clusterlab.parallel.data), the gradient all-reduce and the
-program inspection in clusterlab.collectives, and the data-parallel cost model."""
+"""Unit tests of data parallelism (clusterlab.device.parallel.data), the gradient all-reduce and the
+program inspection in clusterlab.device.collectives, and the data-parallel cost model."""
 
 from __future__ import annotations
 
@@ -12,8 +12,10 @@ import optax
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from clusterlab import check, collectives, costmodel, devices, models
-from clusterlab.parallel import data
+from clusterlab.analytic import costmodel
+from clusterlab.course import check
+from clusterlab.device import collectives, devices, hlo, models, parallel
+from clusterlab.device.parallel import data
 from conftest import reference_run, sub_mesh
 
 D, H, BLOCKS, BATCH, STEPS = 16, 32, 2, 32, 4
@@ -44,7 +46,7 @@ def max_relative_diff(trained, reference) -> float:
 def test_each_form_equals_the_single_device_run(problem, form, n):
     params, batches, optimizer, reference, ref_losses = problem
     dp = make(form, optimizer, sub_mesh(n, AXIS))
-    trained, losses = data.train(dp, params, batches)
+    trained, losses = parallel.train(dp, params, batches)
     assert dp.n_devices == n and dp.axis_names == (AXIS,) and dp.automatic == (form == "jit")
     assert all(isinstance(leaf, np.ndarray) for leaf in jax.tree.leaves(trained))  # on the host
     assert max_relative_diff(trained, reference) < 1e-5
@@ -57,7 +59,7 @@ def test_bucketed_all_reduce_equals_the_single_device_run(problem):
     params, batches, optimizer, reference, _ = problem
     for form in ("pmap", "shard_map"):
         dp = make(form, optimizer, sub_mesh(4, AXIS), bucket_bytes=1000)
-        trained, _ = data.train(dp, params, batches)
+        trained, _ = parallel.train(dp, params, batches)
         assert max_relative_diff(trained, reference) < 1e-5
 
 
@@ -71,15 +73,15 @@ def test_without_gradient_sync_the_replicas_drift(problem):
     w1 = new_params[0]["w1"]
     first, second = (np.asarray(s.data) for s in w1.addressable_shards[:2])
     assert np.max(np.abs(first - second)) > 1e-6
-    assert "all-reduce" not in collectives.summarize(
-        [op for op in collectives.compiled_collectives(dp.step, *state, x, y) if op.bytes > 4])
+    assert "all-reduce" not in hlo.summarize(
+        [op for op in hlo.compiled_collectives(dp.step, *state, x, y) if op.bytes > 4])
 
 
 def compiled_step(form: str, n: int, problem, **options):
     params, batches, optimizer, _, _ = problem
     dp = make(form, optimizer, sub_mesh(n, AXIS), **options)
     state = dp.init(params)
-    return dp, collectives.compiled_collectives(dp.step, *state, *dp.place_batch(*batches[0]))
+    return dp, hlo.compiled_collectives(dp.step, *state, *dp.place_batch(*batches[0]))
 
 
 @pytest.mark.parametrize("form", FORMS)
@@ -89,7 +91,7 @@ def test_bytes_all_reduced_per_step_are_the_gradient(problem, form):
     assert gradient_bytes == 4 * BLOCKS * (2 * D * H + H + D)
     for n in (2, 8):
         _, ops = compiled_step(form, n, problem)
-        summary = collectives.summarize(ops)
+        summary = hlo.summarize(ops)
         assert set(summary) == {"all-reduce"}
         # the gradients, plus 4 bytes: the f32 loss averaged for reporting
         assert summary["all-reduce"].total_bytes == gradient_bytes + 4
@@ -129,7 +131,7 @@ def test_batch_must_divide_over_the_devices(problem):
                                              r"multiple of 8 \(e\.g\. 32\)"):
             dp.place_batch(x[:30], y[:30])
         with pytest.raises(ValueError, match="multiple of 8"):
-            data.train(dp, params, [(x[:12], y[:12])])
+            parallel.train(dp, params, [(x[:12], y[:12])])
 
 
 def test_bad_configurations_are_named():
@@ -178,7 +180,7 @@ def test_all_reduce_gradients_skips_a_size_one_axis():
     mesh = sub_mesh(1, AXIS)
     fn = jax.jit(jax.shard_map(lambda g: collectives.all_reduce_gradients(g, AXIS),
                                mesh=mesh, in_specs=P(AXIS), out_specs=P(AXIS)))
-    assert collectives.compiled_collectives(fn, jnp.ones(4)) == []
+    assert hlo.compiled_collectives(fn, jnp.ones(4)) == []
 
 
 # --- Program inspection --------------------------------------------------------------------
@@ -188,9 +190,9 @@ def test_psum_on_eight_devices_is_one_all_reduce_of_the_block():
     x = devices.shard(jnp.ones((8, 128), jnp.float32), mesh, P("i"))
     total = jax.jit(jax.shard_map(lambda b: jax.lax.psum(b, "i"), mesh=mesh, in_specs=P("i"),
                                   out_specs=P("i")))
-    ops = collectives.compiled_collectives(total, x)
-    assert ops == [collectives.CollectiveOp("all-reduce", 512, "f32[1,128]{1,0}")]
-    assert collectives.summarize(ops) == {"all-reduce": collectives.CollectiveSummary(1, 512)}
+    ops = hlo.compiled_collectives(total, x)
+    assert ops == [hlo.CollectiveOp("all-reduce", 512, "f32[1,128]{1,0}")]
+    assert hlo.summarize(ops) == {"all-reduce": hlo.CollectiveSummary(1, 512)}
 
 
 def test_each_collective_kind_and_its_result_bytes():
@@ -203,30 +205,30 @@ def test_each_collective_kind_and_its_result_bytes():
                    jax.lax.ppermute(b, "i", ring),
                    jax.lax.all_to_all(b, "i", 0, 0, tiled=True)),
         mesh=mesh, in_specs=P("i"), out_specs=P("i")))
-    summary = collectives.summarize(collectives.compiled_collectives(fn, x))
+    summary = hlo.summarize(hlo.compiled_collectives(fn, x))
     block = 8 * 16 * 4
     assert summary == {"all-gather": (1, 4 * block), "reduce-scatter": (1, block // 4),
                        "collective-permute": (1, block), "all-to-all": (1, block)}
-    assert collectives.hlo_op_count(fn, x, op="all-gather") == 1
+    assert hlo.hlo_op_count(fn, x, op="all-gather") == 1
 
 
 def test_jit_inserts_the_all_reduce_of_a_sharded_sum():
     mesh = sub_mesh(8, "i")
     x = devices.shard(jnp.ones((8, 128), jnp.float32), mesh, P("i"))
-    ops = collectives.compiled_collectives(jax.jit(lambda a: a.sum(axis=0)), x)
+    ops = hlo.compiled_collectives(jax.jit(lambda a: a.sum(axis=0)), x)
     assert [(op.kind, op.bytes) for op in ops] == [("all-reduce", 128 * 4)]
 
 
 def test_shape_bytes():
-    assert collectives.shape_bytes("f32[1024]{0}") == 4096
-    assert collectives.shape_bytes("f32[]") == 4
-    assert collectives.shape_bytes("bf16[8,128]{1,0}") == 2048
-    assert collectives.shape_bytes("(f32[8,128]{1,0}, /*index=1*/s32[2]{0}, pred[3])") == 4096 + 11
-    assert collectives.shape_bytes("f8e4m3fn[16]") == 16
-    assert collectives.shape_bytes("f32[<=8]") == 32
-    assert collectives.shape_bytes("token[]") == 0
+    assert hlo.shape_bytes("f32[1024]{0}") == 4096
+    assert hlo.shape_bytes("f32[]") == 4
+    assert hlo.shape_bytes("bf16[8,128]{1,0}") == 2048
+    assert hlo.shape_bytes("(f32[8,128]{1,0}, /*index=1*/s32[2]{0}, pred[3])") == 4096 + 11
+    assert hlo.shape_bytes("f8e4m3fn[16]") == 16
+    assert hlo.shape_bytes("f32[<=8]") == 32
+    assert hlo.shape_bytes("token[]") == 0
     with pytest.raises(ValueError, match="Unknown HLO element type"):
-        collectives.shape_bytes("q99[4]")
+        hlo.shape_bytes("q99[4]")
 
 
 GPU_STYLE_HLO = """\
@@ -250,16 +252,16 @@ ENTRY %main (p: f32[256]) -> f32[256] {
 
 
 def test_async_pairs_count_once_with_the_result_bytes():
-    ops = collectives.collectives_in_text(GPU_STYLE_HLO)
+    ops = hlo.collectives_in_text(GPU_STYLE_HLO)
     assert [(op.kind, op.bytes) for op in ops] == [
         ("all-reduce", 1024), ("all-gather", 2048), ("collective-permute", 1024)]
-    opcodes = [ins.opcode for ins in collectives.hlo_instructions(GPU_STYLE_HLO)]
+    opcodes = [ins.opcode for ins in hlo.hlo_instructions(GPU_STYLE_HLO)]
     assert opcodes.count("all-reduce-start") == 1 and "add" in opcodes
 
 
 def test_compiled_collectives_needs_jit():
     with pytest.raises(TypeError, match="jax.jit"):
-        collectives.compiled_collectives(jnp.sum, jnp.ones(4))
+        hlo.compiled_collectives(jnp.sum, jnp.ones(4))
 
 
 # --- Cost model ----------------------------------------------------------------------------
@@ -291,7 +293,7 @@ def test_gradient_all_reduce_alone(problem):
         fn = data.make_gradient_all_reduce(mesh, axis_name=AXIS, bucket_bytes=bucket_bytes,
                                            combine_all_reduces=False)
         assert models.max_abs_diff(fn(grads), params) < 1e-6  # the mean of 4 equal copies
-        ops = collectives.compiled_collectives(fn, grads)
+        ops = hlo.compiled_collectives(fn, grads)
         expected = (len(jax.tree.leaves(params)) if bucket_bytes is None
                     else math.ceil(data.gradient_bytes(params) / bucket_bytes))
         assert len(ops) == expected
@@ -353,7 +355,7 @@ def test_sgd_training_equals_one_device_and_sees_a_sum():
     mesh = sub_mesh(4, AXIS)
     for reduce in ("mean", "sum"):
         dp = make("shard_map", sgd, mesh, reduce=reduce)
-        trained, _ = data.train(dp, params, batches)
+        trained, _ = parallel.train(dp, params, batches)
         check_it = lambda: check.verify_close("SGD", trained, reference, rtol=1e-5)  # noqa: E731
         if reduce == "mean":
             check_it()
@@ -388,7 +390,7 @@ def test_a_tuple_of_axes_reduces_over_both_as_one_data_axis(problem):
     mesh = devices.mesh((2, 4), ("hosts", "devices"), jax.devices()[:8])
     dp = data.make_data_parallel(models.mse_loss, mesh, optimizer, axis_name=("hosts", "devices"))
     assert dp.n_devices == 8 and dp.axis_names == ("hosts", "devices")
-    trained, losses = data.train(dp, params, batches)
+    trained, losses = parallel.train(dp, params, batches)
     assert max_relative_diff(trained, reference) < 1e-5
     np.testing.assert_allclose(losses, ref_losses, rtol=1e-5)
     summed = data.make_data_parallel(models.mse_loss, mesh, optimizer,

@@ -1,4 +1,4 @@
-"""Expert parallelism (clusterlab.parallel.experts) against the dense single-device MoE: output
+"""Expert parallelism (clusterlab.device.parallel.experts) against the dense single-device MoE: output
 and gradients on 2, 4 and 8 devices, dropped tokens against the capacity formula, the
 all-to-alls of the compiled program against the byte formula, negative controls, input checks;
 and lab 13's programming assignment (the dispatch all-to-all) judged by its key."""
@@ -13,8 +13,10 @@ import numpy as np
 import pytest
 
 from assignment_support import KEYS, lab_sources, solution_functions
-from clusterlab import check, grading, hlo
-from clusterlab.parallel import experts
+from clusterlab.analytic import moe
+from clusterlab.course import check, grading
+from clusterlab.device import hlo
+from clusterlab.device.parallel import experts
 from conftest import sub_mesh
 
 AXIS = "expert"
@@ -105,7 +107,7 @@ def _skewed(p: int, hot_per_group: int):
 def test_dropped_tokens_equal_capacity_formula_for_a_skewed_router(p, hot):
     capacity_factor = 1.25
     params, x, target = _skewed(p, hot)
-    capacity = experts.expert_capacity(T // p, n_experts=E, top_k=1,
+    capacity = moe.expert_capacity(T // p, n_experts=E, top_k=1,
                                        capacity_factor=capacity_factor)
     out = jax.jit(_ep(sub_mesh(p, AXIS), top_k=1, capacity_factor=capacity_factor,
                       renormalize=False))(params, x)
@@ -114,7 +116,7 @@ def test_dropped_tokens_equal_capacity_formula_for_a_skewed_router(p, hot):
     np.testing.assert_array_equal(np.asarray(routing.expert).reshape(-1), target)
     formula = p * max(0, hot - capacity)  # the other experts get at most ceil(rest/(E-1)) <= C
     assert formula > 0
-    assert experts.predicted_dropped(np.asarray(routing.expert), capacity, E) == formula
+    assert moe.predicted_dropped(np.asarray(routing.expert), capacity, E) == formula
     assert int(out.dropped) == formula
     # measured independently of the counter: a dropped top-1 token's output is exactly zero
     assert int(np.sum(np.all(np.asarray(out.y) == 0, axis=1))) == formula
@@ -127,7 +129,7 @@ def test_two_all_to_alls_forward_whose_bytes_scale_with_k(top_k):
     p, cf = 4, 1.0
     forward = jax.jit(_ep(sub_mesh(p, AXIS), top_k=top_k, capacity_factor=cf))
     ops = [op for op in hlo.compiled_collectives(forward, params, x) if op.kind == "all-to-all"]
-    expected = experts.all_to_all_bytes(T // p, d_model=D, n_experts=E, top_k=top_k,
+    expected = moe.all_to_all_bytes(T // p, d_model=D, n_experts=E, top_k=top_k,
                                         capacity_factor=cf)
     assert [op.bytes for op in ops] == [expected, expected]
     assert expected == top_k * (T // p) * D * 4  # cf = 1 and k T/p divisible by E: C = k T/(pE)
@@ -138,6 +140,30 @@ def test_two_all_to_alls_forward_whose_bytes_scale_with_k(top_k):
         # each all-to-all's transpose is one more; without x's gradient the dispatch's is dead
         # code (the router's gradient does not flow through the routing's one-hot slots)
         assert kinds.count("all-to-all") == n_all_to_all
+
+
+def test_bf16_layer_stays_bf16_and_its_all_to_alls_move_two_bytes_a_value():
+    # The outside review's B1: masks built at float32 promoted bf16 tokens, so the output came out
+    # float32 and each all-to-all moved twice moe.all_to_all_bytes(..., bytes_per_element=2).
+    params, x = _case()
+    params = jax.tree.map(lambda a: a.astype(jnp.bfloat16), params)
+    x = x.astype(jnp.bfloat16)
+    p, top_k, cf = 4, 2, 1.0
+    layer = jax.jit(_ep(sub_mesh(p, AXIS), top_k=top_k, capacity_factor=cf))
+    out = layer(params, x)
+    assert out.y.dtype == jnp.bfloat16
+    # The program as traced (before XLA's passes): XLA:CPU widens bf16 collectives to f32 when it
+    # compiles (jaxlib 0.10.2), a GPU keeps them bf16; the layer's own dtype is what is judged.
+    traced = layer.lower(params, x).as_text(dialect="hlo")
+    ops = [op for op in hlo.collectives_in_text(traced) if op.kind == "all-to-all"]
+    expected = moe.all_to_all_bytes(T // p, d_model=D, n_experts=E, top_k=top_k,
+                                    capacity_factor=cf, bytes_per_element=2)
+    assert [op.bytes for op in ops] == [expected, expected]
+    # and expert parallelism still equals the dense layer routed in the same groups, in bf16
+    dense = experts.moe_dense(params, x, top_k=top_k, capacity_factor=cf, n_groups=p).y
+    assert dense.dtype == jnp.bfloat16
+    error = np.abs(np.asarray(out.y, np.float32) - np.asarray(dense, np.float32)).max()
+    assert error <= 0.02 * np.abs(np.asarray(dense, np.float32)).max()
 
 
 def _wrong_expert(x, m):
@@ -183,12 +209,12 @@ def test_bad_input_is_refused_with_the_fix():
 
 
 def test_pure_helpers():
-    assert experts.expert_capacity(64, n_experts=8, top_k=2, capacity_factor=1.0) == 16
-    assert experts.expert_capacity(10, n_experts=8, top_k=1, capacity_factor=1.25) == 2  # ceil
+    assert moe.expert_capacity(64, n_experts=8, top_k=2, capacity_factor=1.0) == 16
+    assert moe.expert_capacity(10, n_experts=8, top_k=1, capacity_factor=1.25) == 2  # ceil
     # group 0: expert 0 four times against C = 2 (2 dropped); group 1: balanced (none)
     assignments = np.array([[[0], [0], [0], [0]], [[0], [1], [2], [3]]])
-    assert experts.predicted_dropped(assignments, 2, 4) == 2
-    assert experts.all_to_all_bytes(16, d_model=8, n_experts=8, top_k=2,
+    assert moe.predicted_dropped(assignments, 2, 4) == 2
+    assert moe.all_to_all_bytes(16, d_model=8, n_experts=8, top_k=2,
                                     capacity_factor=1.0) == 8 * 4 * 8 * 4
     assert experts.straggler_factor(np.array([4, 1, 1, 1, 1, 1, 1, 1]), 4) == pytest.approx(
         5 / 2.75)

@@ -11,8 +11,10 @@ import optax
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from clusterlab import check, collectives, costmodel, devices, memory, models
-from clusterlab.parallel import sharded
+from clusterlab.analytic import costmodel, memory
+from clusterlab.course import check
+from clusterlab.device import collectives, devices, hlo, models, parallel
+from clusterlab.device.parallel import sharded
 from conftest import SMALL_RUN, check_mean_and_catch_sum, small_reference_run, sub_mesh
 
 D, H, N_BLOCKS, BATCH = (SMALL_RUN[k] for k in ("d_model", "d_hidden", "n_blocks", "batch"))
@@ -25,7 +27,7 @@ def test_zero3_equals_single_device(n):
     params, batches, optimizer, ref, ref_losses = _setup()
     sdp = sharded.make_sharded_data_parallel(params, sub_mesh(n, "data"), axis_name="data",
                                              zero_stage=3, optimizer=optimizer)
-    trained, losses = sharded.train(sdp, params, batches)
+    trained, losses = parallel.train(sdp, params, batches)
     assert sdp.name == "zero3" and sdp.axis_names == ("data",)
     assert models.max_abs_diff(trained, ref) < TOL
     np.testing.assert_allclose(losses, ref_losses, rtol=1e-5, atol=1e-6)
@@ -36,7 +38,7 @@ def test_lower_stages_equal_single_device(stage):
     params, batches, optimizer, ref, _ = _setup()
     sdp = sharded.make_sharded_data_parallel(params, sub_mesh(4, "data"), axis_name="data",
                                              zero_stage=stage, optimizer=optimizer)
-    trained, _ = sharded.train(sdp, params, batches)
+    trained, _ = parallel.train(sdp, params, batches)
     assert models.max_abs_diff(trained, ref) < TOL
 
 
@@ -44,7 +46,7 @@ def test_automatic_sharding_equals_single_device():
     params, batches, optimizer, ref, _ = _setup()
     sdp = sharded.make_sharded_data_parallel(params, sub_mesh(4, "data"), axis_name="data",
                                              zero_stage=3, optimizer=optimizer, automatic=True)
-    trained, _ = sharded.train(sdp, params, batches)
+    trained, _ = parallel.train(sdp, params, batches)
     assert models.max_abs_diff(trained, ref) < TOL
 
 
@@ -54,9 +56,9 @@ def test_compiled_bytes_equal_formula_and_shard_bytes_equal_memory_model(stage, 
     sdp = sharded.make_sharded_data_parallel(params, sub_mesh(n, "data"), axis_name="data",
                                              zero_stage=stage, optimizer=optimizer)
     flat, opt_state = sdp.init(params)
-    ops = collectives.executed_collectives(sdp.step, flat, opt_state,
+    ops = hlo.executed_collectives(sdp.step, flat, opt_state,
                                            *sdp.place_batch(*batches[0]))
-    kinds = collectives.summarize(ops)
+    kinds = hlo.summarize(ops)
     n_params = models.param_count(params)
     assert sharded.sent_bytes_per_device(ops, n) == pytest.approx(
         costmodel.sharded_data_parallel_bytes_per_step(n_params, 4, n, stage), rel=1e-12)
@@ -112,8 +114,8 @@ def test_executed_collectives_counts_loop_trips():
     fn = jax.jit(jax.shard_map(local, mesh=mesh, in_specs=P(None, "data"), out_specs=P("data"),
                                check_vma=False))
     x = jnp.ones((3, 8))
-    static = collectives.summarize(collectives.compiled_collectives(fn, x))
-    executed = collectives.summarize(collectives.executed_collectives(fn, x))
+    static = hlo.summarize(hlo.compiled_collectives(fn, x))
+    executed = hlo.summarize(hlo.executed_collectives(fn, x))
     assert executed["all-reduce"].n_ops == 3 * static["all-reduce"].n_ops
 
 
@@ -123,7 +125,7 @@ def test_bad_sizes_name_the_constraint():
         sharded.make_sharded_data_parallel(params, sub_mesh(4, "data"), axis_name="data")
     good, batches, *_ = _setup()
     sdp = sharded.make_sharded_data_parallel(good, sub_mesh(4, "data"), axis_name="data")
-    with pytest.raises(ValueError, match="equal shards"):
+    with pytest.raises(ValueError, match="does not split evenly over 4 data-parallel devices"):
         sdp.place_batch(batches[0][0][:6], batches[0][1][:6])
     with pytest.raises(ValueError, match="zero_stage"):
         sharded.make_sharded_data_parallel(good, sub_mesh(4, "data"), axis_name="data",
@@ -180,7 +182,7 @@ def test_zero3_sgd_equals_single_device_and_sees_the_missing_division():
     for reduce in ("mean", "sum"):
         sdp = sharded.make_sharded_data_parallel(params, sub_mesh(4, "data"), axis_name="data",
                                                  zero_stage=3, optimizer=sgd, reduce=reduce)
-        trained, _ = sharded.train(sdp, params, batches[:3])
+        trained, _ = parallel.train(sdp, params, batches[:3])
         check_it = functools.partial(check.verify_close, "ZeRO-3 SGD", trained, reference,
                                      rtol=1e-5)
         if reduce == "mean":

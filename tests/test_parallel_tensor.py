@@ -8,8 +8,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from clusterlab import check, collectives, costmodel, models
-from clusterlab.parallel import tensor
+from clusterlab.analytic import costmodel
+from clusterlab.course import check
+from clusterlab.device import collectives, hlo, models, parallel
+from clusterlab.device.parallel import tensor
 from conftest import reference_run, sub_mesh
 
 AXIS = "model"
@@ -42,7 +44,7 @@ def test_mlp_equals_single_device(mlp_case, tp, automatic):
     params, batches, reference, losses = mlp_case
     strategy = tensor.make_tensor_parallel(params, sub_mesh(tp, AXIS), axis_name=AXIS,
                                            automatic=automatic)
-    trained, tp_losses = tensor.train(strategy, params, batches)
+    trained, tp_losses = parallel.train(strategy, params, batches)
     assert all(isinstance(leaf, np.ndarray) for leaf in jax.tree.leaves(trained))  # on the host
     assert models.max_abs_diff(trained, reference) < 1e-6
     np.testing.assert_allclose(tp_losses, losses, rtol=1e-5, atol=1e-6)
@@ -53,7 +55,7 @@ def test_mlp_equals_single_device(mlp_case, tp, automatic):
 def test_transformer_equals_single_device(transformer_case, tp):
     params, batches, reference, losses = transformer_case
     strategy = tensor.make_tensor_parallel(params, sub_mesh(tp, AXIS), axis_name=AXIS)
-    trained, tp_losses = tensor.train(strategy, params, batches)
+    trained, tp_losses = parallel.train(strategy, params, batches)
     assert models.max_abs_diff(trained, reference) < 1e-6
     np.testing.assert_allclose(tp_losses, losses, rtol=1e-5, atol=1e-6)
 
@@ -70,7 +72,7 @@ def test_shards_have_the_split_shapes(mlp_case):
 def _compiled_all_reduces(params, x, y, tp, automatic=False):
     strategy = tensor.make_tensor_parallel(params, sub_mesh(tp, AXIS), axis_name=AXIS,
                                            automatic=automatic)
-    return collectives.summarize(collectives.compiled_collectives(
+    return hlo.summarize(hlo.compiled_collectives(
         strategy.step, *strategy.init(params), *strategy.place_batch(x, y)))
 
 

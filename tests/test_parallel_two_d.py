@@ -1,4 +1,4 @@
-"""2-D data x tensor parallelism (clusterlab.parallel.two_d) against one device."""
+"""2-D data x tensor parallelism (clusterlab.device.parallel.two_d) against one device."""
 
 from __future__ import annotations
 
@@ -6,8 +6,9 @@ import jax
 import numpy as np
 import pytest
 
-from clusterlab import check, collectives, devices, models
-from clusterlab.parallel import two_d
+from clusterlab.course import check
+from clusterlab.device import devices, hlo, models, parallel
+from clusterlab.device.parallel import two_d
 from conftest import DEVICES, SMALL_RUN, check_mean_and_catch_sum, small_reference_run
 
 D, H, N_BLOCKS, BATCH = (SMALL_RUN[k] for k in ("d_model", "d_hidden", "n_blocks", "batch"))
@@ -23,7 +24,7 @@ def test_2d_equals_single_device(shape):
         strategy = two_d.make_2d_parallel(params, mesh, optimizer, data_axis="data",
                                           model_axis="model", automatic=automatic)
         assert strategy.axis_names == ("data", "model")
-        trained, losses = two_d.train(strategy, params, batches)
+        trained, losses = parallel.train(strategy, params, batches)
         assert models.max_abs_diff(trained, ref) < TOL
         np.testing.assert_allclose(losses, ref_losses, rtol=1e-5, atol=1e-6)
 
@@ -64,7 +65,7 @@ def test_2d_all_reduces_two_kinds():
     mesh = devices.mesh((2, 4), ("data", "model"), DEVICES)
     strategy = two_d.make_2d_parallel(params, mesh, data_axis="data", model_axis="model")
     laid_out, opt_state = strategy.init(params)
-    ops = collectives.compiled_collectives(strategy.step, laid_out, opt_state,
+    ops = hlo.compiled_collectives(strategy.step, laid_out, opt_state,
                                            *strategy.place_batch(*batches[0]))
     activation_bytes = BATCH // 2 * D * 4  # f32[B/dp, D]
     slice_bytes = sum(leaf.addressable_shards[0].data.nbytes

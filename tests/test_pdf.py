@@ -165,7 +165,7 @@ def test_glued_numbers_read_the_same_as_in_the_html(book, pdf):
 
 def test_tables_and_exercises_print_as_in_the_html(pdf):
     text = re.sub(r"\s+", " ", pdf["text"])
-    # The notation page's table (a Markdown table: clusterlab.tables) with its header row.
+    # The notation page's table (a Markdown table: clusterlab.analytic.tables) with its header row.
     assert "decimal bytes binary bytes binary / decimal" in text
     # Exercises are numbered per page: every chapter's and lab's first one is "Exercise 1".
     assert text.count("Exercise 1 ") >= 10

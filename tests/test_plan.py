@@ -2,7 +2,8 @@
 
 import pytest
 
-from clusterlab import costmodel, flops, hardware, memory, plan
+from clusterlab.analytic import costmodel, flops, memory, plan
+from clusterlab.catalog import hardware
 
 H100 = hardware.gpu("H100")
 # A 3B and a 7B model of 4096-token sequences; FLOPs per token by hand, PaLM's 6N + 12 L s d
@@ -515,7 +516,7 @@ def test_cli_plan_end_to_end():
 
 
 def test_cli_plan_overlap_flags_are_the_assumptions():
-    from clusterlab import __main__ as cli
+    from clusterlab.course import cli as cli
     import io
     import contextlib
     args = ["plan", "--params", "70e9", "--tokens", "2e12", "--gpus", "1024", "--layers", "80",
@@ -543,7 +544,7 @@ def test_cli_plan_prints_unvalidated_regimes():
 
 
 def test_cli_plan_sizes_the_cluster_and_names_errors():
-    from clusterlab import __main__ as cli
+    from clusterlab.course import cli as cli
     import io
     import contextlib
     out = io.StringIO()

@@ -6,10 +6,10 @@ from dataclasses import replace
 
 import pytest
 
-from clusterlab import costmodel, memory, plan
-from clusterlab.parallel import context
-from clusterlab.plan import prediction
-from clusterlab.plan.search import SearchSpace, search_layouts
+from clusterlab.analytic import costmodel, memory, plan
+from clusterlab.analytic.plan import prediction
+from clusterlab.analytic.plan.search import search_layouts, SearchSpace
+from clusterlab.device.parallel import context
 from planner_history import assert_priced_as_before, run_old_planner
 
 #: the commit before context parallelism entered the planner (its parent is the old planner)
@@ -41,7 +41,7 @@ FIELDS = ("memory_bytes", "states_bytes", "activation_bytes", "compute_s", "tp_c
 OLD_SCRIPT = """
 import json, sys
 from dataclasses import replace
-from clusterlab import plan
+from clusterlab.analytic import plan
 layouts = json.loads(sys.argv[1])
 w = plan.Workload(70e9, 4096, 512, n_tokens=1e12, n_layers=80, d_model=8192, n_heads=64,
                   vocab_size=128_256)
@@ -52,13 +52,13 @@ for kwargs, policy in layouts:
     p = plan.predict(replace(w, recompute=policy), c, plan.Layout(**kwargs),
                      plan.Assumptions(dp_overlap=0.0))
     out.append({f: getattr(p, f) for f in json.loads(sys.argv[2])})
-import clusterlab.plan.workload as workload
+import clusterlab.analytic.plan.workload as workload
 print(json.dumps([workload.__file__, hasattr(plan.Layout(), "cp"), out]))
 """
 
 
 def test_cp_1_prices_every_layout_exactly_as_the_planner_before_cp(tmp_path):
-    """The old planner (lib/clusterlab/plan at the commit before cp) and this one, on the same
+    """The old planner (lib/clusterlab/analytic/plan at the commit before cp) and this one, on the same
     rest of the library, agree to the last bit for cp = 1, with the data-parallel overlap off
     in both (the old planner hid a fixed fraction; this one models the backward window), but
     for ZeRO-3's collectives, now run in each of the layout's 4 micro-batches."""
@@ -201,7 +201,7 @@ def test_cli_searches_the_context_parallel_degrees_it_is_given():
     import contextlib
     import io
 
-    from clusterlab import __main__ as cli
+    from clusterlab.course import cli as cli
     args = ["plan", "--params", "70e9", "--gpu", "H100", "--gpus", "512", "--seq-len", "131072",
             "--batch", "64", "--tokens", "1e9", "--recompute", "flash", "--top", "1"]
     err = io.StringIO()

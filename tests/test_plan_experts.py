@@ -16,10 +16,10 @@ from dataclasses import replace
 
 import pytest
 
-from clusterlab import costmodel, flops, gemm, memory, moe, plan
-from clusterlab.parallel import experts
-from clusterlab.plan import prediction
-from clusterlab.plan.search import SearchSpace, search_layouts
+from clusterlab.analytic import costmodel, flops, gemm, memory, moe, plan
+from clusterlab.analytic.moe import all_to_all_bytes
+from clusterlab.analytic.plan import prediction
+from clusterlab.analytic.plan.search import search_layouts, SearchSpace
 from planner_history import assert_priced_as_before, run_old_planner
 
 #: the commit that brought experts into the planner (its parent is the planner before them)
@@ -54,8 +54,8 @@ DENSE_LAYOUTS = [
 OLD_SCRIPT = """
 import json, sys
 from dataclasses import replace
-from clusterlab import plan
-from clusterlab.plan.search import SearchSpace, search_layouts
+from clusterlab.analytic import plan
+from clusterlab.analytic.plan.search import search_layouts, SearchSpace
 fields = json.loads(sys.argv[2])
 # overlap off: the old planner's fixed fraction and the modelled window differ by design
 def no_overlap(assumptions=plan.Assumptions()):
@@ -74,13 +74,13 @@ found = search_layouts(w, c, no_overlap(),
                                          zero_stages=(0, 1)), limit=8)
 search = [found.n_candidates, [[str(p.layout), p.workload.recompute_policy, p.step_s]
                                for p in found.plans]]
-import clusterlab.plan.workload as workload
+import clusterlab.analytic.plan.workload as workload
 print(json.dumps([workload.__file__, hasattr(plan.Layout(), "ep"), rows, layouts, search]))
 """
 
 
 def test_ep_1_prices_every_dense_model_exactly_as_the_planner_before_experts(tmp_path):
-    """The planner before experts (lib/clusterlab/plan at EP_COMMIT's parent, on the same
+    """The planner before experts (lib/clusterlab/analytic/plan at EP_COMMIT's parent, on the same
     rest of the library) and this one agree to the last bit: every row of the validation
     table, four dense layouts of a 70B model, and a default-space search's ranking, with the
     data-parallel overlap off in both (the old planner hid a fixed fraction; this one models
@@ -240,7 +240,7 @@ def test_search_finds_no_layout_without_ep_and_one_with_ep_8():
 @pytest.mark.parametrize("tp, dp, nodes", [(8, 8, 8), (1, 64, 1), (4, 16, 4)])
 def test_all_to_all_term_equals_the_formula_and_grows_with_top_k(tp, dp, nodes):
     """Per MoE layer and micro-batch 4 all-to-alls (6 with full recomputation) of
-    clusterlab.moe.all_to_all_bytes' buffer, each cluster_collective's on the GPUs the ep
+    clusterlab.analytic.moe.all_to_all_bytes' buffer, each cluster_collective's on the GPUs the ep
     group spans: 8 consecutive dp ranks, one node when tp = 1, else across nodes with their
     share of the NICs. The buffer, and the term, grow with k."""
     c = _cluster(64)
@@ -254,7 +254,7 @@ def test_all_to_all_term_equals_the_formula_and_grows_with_top_k(tp, dp, nodes):
     for k in (1, 2, 4):
         w = replace(MIXTRAL, moe=replace(MIXTRAL_MOE, top_k=k))
         nbytes = prediction.expert_all_to_all_bytes(w, layout)
-        assert nbytes == experts.all_to_all_bytes(4096, d_model=4096, n_experts=8, top_k=k,
+        assert nbytes == all_to_all_bytes(4096, d_model=4096, n_experts=8, top_k=k,
                                                   capacity_factor=1.0, bytes_per_element=2)
         assert nbytes == 8 * (4096 * k // 8) * 4096 * 2
         one = costmodel.cluster_collective("all_to_all", nbytes, spec).time_s
@@ -275,16 +275,16 @@ def test_all_to_all_term_equals_the_formula_and_grows_with_top_k(tp, dp, nodes):
 @pytest.mark.parametrize("tokens, cf, k", [(4096, 1.0, 2), (1000, 1.25, 2), (7, 2.0, 3),
                                            (2048, 0.5, 8)])
 def test_all_to_all_bytes_are_the_buffer_of_the_layer_lab_13_runs(tokens, cf, k):
-    """The planner's buffer is parallel.experts' (one function, clusterlab.moe's, which lab 13
+    """The planner's buffer is parallel.experts' (one function, clusterlab.analytic.moe's, which lab 13
     checks against the compiled layer), E * ceil(cf T k / E) * d * 2 with the rounding."""
     w = replace(MIXTRAL, seq_len=tokens,
                 moe=plan.MoE(16, k, 14336, n_moe_layers=1, capacity_factor=cf))
     got = prediction.expert_all_to_all_bytes(w, plan.Layout(dp=16, tp=8, ep=8))
-    want = experts.all_to_all_bytes(tokens, d_model=4096, n_experts=16, top_k=k,
+    want = all_to_all_bytes(tokens, d_model=4096, n_experts=16, top_k=k,
                                     capacity_factor=cf, bytes_per_element=2)
     assert got == want
     assert got == 16 * math.ceil(cf * tokens * k / 16) * 4096 * 2
-    assert experts.all_to_all_bytes is moe.all_to_all_bytes   # one function, re-exported
+    assert all_to_all_bytes is moe.all_to_all_bytes   # one function, re-exported
 
 
 def test_expert_gradients_are_reduced_over_the_gpus_that_hold_the_same_experts():
@@ -345,7 +345,7 @@ MIXTRAL_ARGS = ["plan", "--params", "46.7e9", "--layers", "32", "--d-model", "40
 
 
 def _cli(args: list[str]) -> tuple[int, str, str]:
-    from clusterlab import __main__ as cli
+    from clusterlab.course import cli as cli
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         code = cli.main(args)

@@ -1,4 +1,4 @@
-"""The planner's search (clusterlab.plan.search): the space's rules, the refusals, the best plan
+"""The planner's search (clusterlab.analytic.plan.search): the space's rules, the refusals, the best plan
 against brute force, and the CLI's summary of both."""
 
 import contextlib
@@ -8,9 +8,9 @@ from dataclasses import replace
 
 import pytest
 
-from clusterlab import __main__ as cli
-from clusterlab import plan
-from clusterlab.plan.workload import RECOMPUTE_POLICIES
+from clusterlab.analytic import plan
+from clusterlab.analytic.plan.workload import RECOMPUTE_POLICIES
+from clusterlab.course import cli as cli
 
 # A 7B model (32 layers) on two nodes: small enough to predict every layout by brute force.
 W7 = plan.Workload(7e9, 4096, 32, n_tokens=1e12, n_layers=32, d_model=4096)

@@ -2,7 +2,7 @@
 
 Every published figure below is compared with what ``clusterlab`` predicts for the same
 configuration from datasheet numbers and the planner's *default* assumptions
-(``plan.Assumptions()``: compute priced per GEMM by ``clusterlab.gemm`` from SM counts, HBM
+(``plan.Assumptions()``: compute priced per GEMM by ``clusterlab.analytic.gemm`` from SM counts, HBM
 bandwidth and a published matmul benchmark's ceiling, the data-parallel all-reduce hidden only
 behind the backward pass of a step's last micro-batch, as Megatron Core overlaps it). Nothing is fitted to these runs. Each test states the error found when it was written
 (``(predicted - published) / published``) and asserts it stays within a stated tolerance, so a
@@ -43,8 +43,8 @@ import statistics
 
 import pytest
 
-from clusterlab import costmodel, plan
-from clusterlab.published import training_runs
+from clusterlab.analytic import costmodel, plan
+from clusterlab.catalog.published import training_runs
 
 
 def _error(predicted: float, published: float) -> float:
@@ -199,7 +199,7 @@ def test_korthikanti_figure_1_memory(run):
     assert abs(states_error) < 0.001 and abs(activation_error) < 0.001
 
 
-# Errors with the per-GEMM compute model (clusterlab.gemm; A100: 108 SMs, matmul ceiling 86.9%
+# Errors with the per-GEMM compute model (clusterlab.analytic.gemm; A100: 108 SMs, matmul ceiling 86.9%
 # of peak), the optimizer step (30 bytes a parameter over HBM: 0.040 s of the 22B's step, 3%)
 # and the output layer on the last stage (51,200 x h logits and their cross-entropy: 0.6% of the
 # 22B's step, 2% of 175B's, 5-6% of 530B's and 1T's, where a stage has 3 or 2 layers):

@@ -15,13 +15,14 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 from matplotlib.patches import Rectangle  # noqa: E402
 
-from clusterlab import memory, plotting  # noqa: E402
-from clusterlab.schedule import BACKWARD, FORWARD, IDLE, make_schedule  # noqa: E402
+from clusterlab.analytic import memory  # noqa: E402
+from clusterlab.course import plotting
+from clusterlab.analytic.schedule import BACKWARD, FORWARD, IDLE, make_schedule  # noqa: E402
 
 
 def test_plotting_and_check_import_without_jax():
     # Chapters that plot (and check their numbers) must not pull JAX in: a fresh interpreter.
-    code = ("import sys, clusterlab.plotting, clusterlab.check, clusterlab.tables; "
+    code = ("import sys, clusterlab.course.plotting, clusterlab.course.check, clusterlab.analytic.tables; "
             "print('jax' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True).stdout

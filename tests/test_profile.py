@@ -1,4 +1,4 @@
-"""clusterlab.profile: traces captured here on simulated devices, and constructed traces.
+"""clusterlab.device.profile: traces captured here on simulated devices, and constructed traces.
 
 The captured traces come from a child process (XLA reads ``--xla_cpu_enable_xprof_traceme=true``
 only when JAX creates its backends, which this test process has already done in conftest): a
@@ -24,7 +24,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import pytest
 
-from clusterlab import plotting, profile
+from clusterlab.course import plotting
+from clusterlab.device import profile
 
 ROOT = Path(__file__).resolve().parents[1]
 STEPS = 3
@@ -33,9 +34,9 @@ N_DEVICES = 4
 # Run in a child process: enable per-op events, then set up devices, then capture.
 _CAPTURE = r"""
 import json, sys, time
-from clusterlab import profile
+from clusterlab.device import profile
 profile.enable_cpu_op_events()
-from clusterlab import devices, hlo, models
+from clusterlab.device import devices, hlo, models
 DEVICES = devices.setup({n})
 import jax, jax.numpy as jnp
 from jax.sharding import NamedSharding, PartitionSpec as P

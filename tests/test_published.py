@@ -1,4 +1,4 @@
-"""clusterlab.published.nccl_tests: every published row says where it comes from and what set it."""
+"""clusterlab.catalog.published.nccl_tests: every published row says where it comes from and what set it."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import re
 
 import pytest
 
-from clusterlab import hardware
-from clusterlab.published import nccl_tests
+from clusterlab.catalog import hardware
+from clusterlab.catalog.published import nccl_tests
 
 MIB = 2**20
 ALL_ROWS = nccl_tests.rows() + nccl_tests.rows("unhealthy")

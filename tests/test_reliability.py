@@ -1,11 +1,11 @@
-"""Unit tests of clusterlab.reliability against hand-derived and published values."""
+"""Unit tests of clusterlab.analytic.reliability against hand-derived and published values."""
 
 import math
 
 import numpy as np
 import pytest
 
-from clusterlab import reliability as rel
+from clusterlab.analytic import reliability as rel
 
 HOUR_S = 3600.0
 DAY_S = 86400.0
@@ -203,7 +203,7 @@ def test_new_reliability_errors_name_the_constraint(call, name):
 
 def test_daly_interval_matches_the_printed_formula_and_the_large_delta_branch():
     import math as _math
-    from clusterlab import reliability as _r
+    from clusterlab.analytic import reliability as _r
     delta, mtbf = 120.0, 3 * 3600.0
     x = delta / (2 * mtbf)
     assert _r.daly_interval_s(delta, mtbf) == pytest.approx(

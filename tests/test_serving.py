@@ -1,4 +1,4 @@
-"""Tests of clusterlab.serving and memory.kv_cache_bytes: hand-derived values and error paths."""
+"""Tests of clusterlab.analytic.serving and memory.kv_cache_bytes: hand-derived values and error paths."""
 
 from __future__ import annotations
 
@@ -6,7 +6,8 @@ import math
 
 import pytest
 
-from clusterlab import costmodel, flops, hardware, memory, serving
+from clusterlab.analytic import costmodel, flops, memory, serving
+from clusterlab.catalog import hardware
 
 # Llama-3-70B-like: 80 layers, 8 KV heads of 128 (Meta's config.json); 64 query heads x 128.
 L, KV_HEADS, HEAD_DIM, D_ATTN, N_70B = 80, 8, 128, 8192, 70e9

@@ -4,7 +4,7 @@ A session fixture starts the three daemons as the user running the tests, with t
 of ``tests/slurm/slurm.conf.in`` filled in under a temporary directory (state, spool, logs, pid
 files, munge's key and socket) and free ports, waits until ``sinfo`` shows the node idle, and
 stops them afterwards, checking that nothing of the cluster is left running. The tests submit
-with ``srun`` exactly as on a cluster: ``clusterlab.distributed.init`` reads SLURM's variables.
+with ``srun`` exactly as on a cluster: ``clusterlab.device.distributed.init`` reads SLURM's variables.
 
 ``tests/system_deps.sh`` (run by ``make test``) installs ``slurm-wlm`` and ``munge`` or stops with
 the command to run; without them these tests fail with that command, they never skip.
@@ -31,11 +31,11 @@ from pathlib import Path
 
 import pytest
 
-from clusterlab import distributed
+from clusterlab.device import distributed
 from conftest import ROOT
 
 SLURM_DIR = Path(__file__).with_name("slurm")
-MULTIHOST = "clusterlab.examples.multihost"
+MULTIHOST = "clusterlab.course.examples.multihost"
 DAEMONS = {"munged": "/usr/sbin/munged", "slurmctld": "/usr/sbin/slurmctld",
            "slurmd": "/usr/sbin/slurmd"}
 CLIENTS = ("srun", "sinfo", "squeue", "scancel", "scontrol")
@@ -110,7 +110,7 @@ class SlurmCluster:
         """Start ``srun -n tasks python COMMAND`` (the test's own Python) in the background.
 
         ``free_port=False`` leaves the coordinator on the port JAX derives from the job id
-        (:func:`clusterlab.distributed.slurm_port`), as on a cluster.
+        (:func:`clusterlab.device.distributed.slurm_port`), as on a cluster.
         """
         env = {**self.env, "JAX_PLATFORMS": "cpu", "PYTHONUNBUFFERED": "1",
                distributed.ENV_DEVICES_PER_PROCESS: str(devices_per_process),
@@ -333,11 +333,11 @@ def _assert_strays_are_seen(name: str, job_id: str) -> None:
     # step's slurmstepd.
     running = job_processes(name, job_id)
     assert sum("slurmstepd" in line for line in running) >= 1, running
-    assert sum("clusterlab.distributed" in line for line in running) >= 2, running
+    assert sum("clusterlab.device.distributed" in line for line in running) >= 2, running
 
 
 def _loop_args(**options) -> list[str]:
-    return ["-m", "clusterlab.distributed", f"{MULTIHOST}:fail", json.dumps(options)]
+    return ["-m", "clusterlab.device.distributed", f"{MULTIHOST}:fail", json.dumps(options)]
 
 
 def test_scancel_ends_a_running_job_with_no_strays(slurm):
@@ -370,7 +370,7 @@ def _assert_the_job_ends(slurm, job: Job, killed_at: float, how: str) -> None:
     assert returncode != 0, job.output
     assert re.search(r"task 1: Killed", job.output), job.output
     # Task 0 ended by itself, before SLURM had to stop it, by whichever noticed first: its next
-    # all-reduce failing on the closed socket (clusterlab.distributed's fail-fast hook exits 1),
+    # all-reduce failing on the closed socket (clusterlab.device.distributed's fail-fast hook exits 1),
     # or JAX's coordination service missing task 1's heartbeats (it aborts the process). Both
     # were seen in CI runs; SLURM's own stop would read "task 0: Killed" or "Terminated".
     gloo_failed = ("Gloo all-reduce failed" in job.output

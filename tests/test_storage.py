@@ -1,10 +1,10 @@
-"""Tests of clusterlab.storage against hand-derived values."""
+"""Tests of clusterlab.analytic.storage against hand-derived values."""
 
 from __future__ import annotations
 
 import pytest
 
-from clusterlab import storage
+from clusterlab.analytic import storage
 
 
 def test_token_sample_bytes():

@@ -1,4 +1,4 @@
-"""Student copies of the labs (``python -m clusterlab.student``): solutions and outputs out, and
+"""Student copies of the labs (``python -m clusterlab.course.student``): solutions and outputs out, and
 no check that carries its expected value (grading from the key: tests/test_grading.py)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import re
 import nbformat
 import pytest
 
-from clusterlab import student
+from clusterlab.course import student
 from conftest import ROOT, run_python
 
 LABS = sorted((ROOT / "labs").glob("*.ipynb"))
@@ -70,7 +70,7 @@ def test_unbalanced_solutions_are_named(cells, match):
 
 
 def test_student_copies_of_every_lab(tmp_path):
-    result = run_python("-m", "clusterlab.student", "--out", str(tmp_path / "student"))
+    result = run_python("-m", "clusterlab.course.student", "--out", str(tmp_path / "student"))
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith(f"Wrote {len(LABS)} student notebooks")
     for lab in LABS:

@@ -1,11 +1,11 @@
-"""clusterlab.tables: Markdown tables that print as tables in the HTML book and the PDF, and
+"""clusterlab.analytic.tables: Markdown tables that print as tables in the HTML book and the PDF, and
 byte counts written and read as text."""
 
 import pytest
 from IPython.display import Markdown
 
-from clusterlab import tables
-from clusterlab.tables import markdown_table
+from clusterlab.analytic import tables
+from clusterlab.analytic.tables import markdown_table
 
 
 def test_markdown_table_rows_alignment_and_escaping():

@@ -1,9 +1,10 @@
-"""Unit tests of clusterlab.topology against values derived by hand."""
+"""Unit tests of clusterlab.analytic.topology against values derived by hand."""
 
 import networkx as nx
 import pytest
 
-from clusterlab import hardware, topology
+from clusterlab.analytic import topology
+from clusterlab.catalog import hardware
 
 NDR = hardware.link("IB-NDR").bytes_per_s  # 50e9 bytes/s per direction (400 Gb/s)
 

@@ -1,4 +1,4 @@
-"""clusterlab.check.verify*: lab verifications print a verdict when they hold and raise when not."""
+"""clusterlab.course.check.verify*: lab verifications print a verdict when they hold and raise when not."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import re
 import numpy as np
 import pytest
 
-from clusterlab import check
-from clusterlab.check import VerificationFailed
+from clusterlab.course import check
+from clusterlab.course.check import VerificationFailed
 
 
 def test_verify_prints_when_it_holds(capsys):

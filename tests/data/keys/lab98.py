@@ -1,7 +1,7 @@
 """Key of the test fixture "lab 98" (tests/test_grading.py): a value, an exact answer taken from
 the notebook's namespace, and a code exercise."""
 
-from clusterlab import grading
+from clusterlab.course import grading
 
 
 def _check_double(programs):

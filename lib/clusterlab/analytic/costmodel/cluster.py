@@ -1,0 +1,165 @@
+"""One model of collectives across nodes: NCCL 2.30.7's own tuning model, with its band.
+
+:func:`cluster_collective` takes a :class:`clusterlab.catalog.hardware.ClusterSpec`; the keyword form
+(``gpu=``, ``n_nodes=``, ... as before the spec existed) is a convenience that builds the spec
+in :func:`_keyword_cluster` and is kept for the labs and chapters that price one-off clusters.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from clusterlab.analytic.costmodel import _model, validation
+from clusterlab.analytic.costmodel._model import CollectiveEstimate, FabricKind
+from clusterlab.catalog import hardware
+
+ClusterOp = Literal["all_reduce", "all_gather", "reduce_scatter", "all_to_all"]
+ClusterAlgorithm = Literal["auto", "ring", "tree", "nvls", "nvls_tree", "collnet_direct",
+                           "collnet_chain", "pat", "pairwise"]
+Protocol = Literal["auto", "LL", "LL128", "Simple"]
+
+
+def _keyword_cluster(cluster: hardware.ClusterSpec | None, *, gpu: hardware.GPU | str | None,
+                     n_nodes: int | None, gpus_per_node: int | None,
+                     **links) -> hardware.ClusterSpec:
+    """``cluster``, or the :class:`~clusterlab.catalog.hardware.ClusterSpec` the keyword form names.
+
+    Args:
+        cluster: a spec, or None for the keyword form.
+        gpu, n_nodes, gpus_per_node: the keyword form's cluster (defaults 1 node of 8 GPUs).
+        **links: the keyword form's other :class:`~clusterlab.catalog.hardware.ClusterSpec` fields
+            (``nic``, ``nics_per_node``, ``intra_node_link``, ``intra_node_bytes_per_s``,
+            ``network_bytes_per_s``, ``sharp``); None (or False for ``sharp``) when not given.
+
+    Raises:
+        ValueError: both a spec and keywords, or neither.
+    """
+    given = [name for name, value in dict(links, gpu=gpu, n_nodes=n_nodes,
+                                          gpus_per_node=gpus_per_node).items()
+             if value is not None and value is not False]
+    if cluster is not None:
+        if given:
+            raise ValueError(f"Give a hardware.ClusterSpec or the keywords "
+                             f"({', '.join(sorted(given))}), not both; change the spec with "
+                             "dataclasses.replace.")
+        return cluster
+    if gpu is None:
+        raise ValueError("Name the cluster: pass a hardware.ClusterSpec (e.g. "
+                         "ClusterSpec.from_node('DGX H100', n_nodes=2)), or gpu= and the "
+                         "other keywords.")
+    fields = {name: value for name, value in links.items() if value is not None}
+    return hardware.ClusterSpec(gpu=gpu, n_nodes=1 if n_nodes is None else n_nodes,
+                                gpus_per_node=8 if gpus_per_node is None else gpus_per_node,
+                                **fields)
+
+
+def cluster_collective(op: ClusterOp, nbytes: float, cluster: hardware.ClusterSpec | None = None,
+                       *, algorithm: ClusterAlgorithm = "auto", protocol: Protocol = "auto",
+                       fabric: FabricKind | None = None,
+                       gpu: hardware.GPU | str | None = None,
+                       n_nodes: int | None = None, gpus_per_node: int | None = None,
+                       nic: str | None = None, nics_per_node: int | None = None,
+                       intra_node_link: str | None = None,
+                       intra_node_bytes_per_s: float | None = None,
+                       network_bytes_per_s: float | None = None,
+                       sharp: bool = False) -> CollectiveEstimate:
+    """Expected time and bus bandwidth of one NCCL collective on a cluster.
+
+    NCCL prices every algorithm and protocol with its own model and runs the fastest; this is
+    that model, from NCCL 2.30.7 (``NCCL_RELEASE``; :mod:`clusterlab.analytic.costmodel._nccl` cites
+    ``src/graph/tuning.cc`` line by line), plus ``LAUNCH_OVERHEAD_S`` per call and the fill of
+    the pipeline NCCL's model leaves out (``PIPELINE_FILL_CHUNKS`` chunk-times of one channel,
+    with NCCL's chunk sizes from ``src/enqueue.cc`` calcCollChunking; it never changes the pick):
+
+    * **The graphs.** NCCL's topology search finds channels and a per-channel bandwidth for
+      each algorithm; here they come from the node's links as NCCL counts them (an NVLink4 link
+      is 20.6 GB/s, so 370.8 GB/s per H100; a 400 Gb/s NIC is 50, searched at 48). That
+      derivation is the one approximation of NCCL's code (``_nccl.graphs``).
+    * **The ring** is one flat ring over all ``n`` ranks per channel: across nodes each channel
+      crosses every node's network twice per all-reduce, whatever the node count.
+    * **The tree** sends each byte up and down a tree of nodes once each way; on two nodes its
+      intra-node bandwidth may reach twice the network's (search.cc), and NVLS-tree's network
+      bandwidth is doubled (tuning.cc "Handle 2 node case of NVLSTree"), which is why on two
+      nodes busbw can pass the NICs' line rate with no in-network reduction.
+    * **NVLS** (NVLink SHARP, one node of H100/H200/B200) at NCCL's per-architecture efficiency
+      (0.85 Hopper, 0.74 Blackwell); **NVLS-tree** across NVSwitch nodes; **CollNet** (IB SHARP)
+      with ``sharp=True``; **PAT** for all-gather/reduce-scatter at one GPU per node.
+    * **Protocols**: LL at half of Simple capped by ``llMaxBws``, LL128 at 92% capped per
+      channel, on by default on NVLink nodes (Hopper and Blackwell included).
+    * **The fill**: NCCL's model prices a full pipeline; the first chunks of each channel fill
+      it, so the fill grows with the size until one loop of chunks is full (ring: 2 MiB x
+      ranks per channel with Simple; NVLS: 16-128 KiB x heads), then stays: the middle sizes
+      (1 MiB - 1 GiB) are where it counts.
+    * **All-to-all** is grouped send/receive, which NCCL does not price: a course estimate
+      (each GPU's node link and network share in parallel).
+
+    The errors per regime against published rows (:func:`validation_by_regime`) set the band;
+    a regime with fewer than ``MIN_VALIDATION_ROWS`` rows is unvalidated (``validated=False``).
+
+    Args:
+        op: ``"all_reduce"``, ``"all_gather"``, ``"reduce_scatter"`` or ``"all_to_all"``.
+        nbytes: the buffer in bytes, as nccl-tests' ``size`` column counts it.
+        cluster: the cluster (:class:`~clusterlab.catalog.hardware.ClusterSpec`, e.g.
+            ``ClusterSpec.from_node("DGX H100", n_nodes=2)``); with ``sharp=True`` in it the
+            network reduces in its switches (InfiniBand SHARP, NCCL CollNet).
+        algorithm: ``"auto"`` or one of :data:`CLUSTER_ALGORITHMS` to force it (as
+            ``NCCL_ALGO`` does); ``"collnet_*"`` need ``sharp=True``.
+        protocol: ``"auto"`` or one of :data:`PROTOCOLS` (as ``NCCL_PROTO``).
+        fabric: the network's kind for the validation regime, one of :data:`FABRICS`
+            (default: by the NIC's name).
+        gpu, n_nodes, gpus_per_node, nic, nics_per_node, intra_node_link,
+            intra_node_bytes_per_s, network_bytes_per_s, sharp: the convenience form, instead
+            of ``cluster``: the :class:`~clusterlab.catalog.hardware.ClusterSpec` fields of the same
+            names (default 1 node of 8 GPUs, one NIC per GPU).
+
+    Returns:
+        A :class:`CollectiveEstimate` (time, algbw, busbw, algorithm, protocol, band, regime).
+
+    Raises:
+        ValueError: unknown names, a network missing for several nodes, both a spec and
+            keywords, or an algorithm that NCCL does not run there (e.g. NVLS across nodes
+            without SHARP).
+
+    References:
+        NVIDIA NCCL v2.30.7-1 ``src/graph`` (tuning.cc, search.cc, topo.h); nccl-tests
+        ``doc/PERFORMANCE.md``; :mod:`clusterlab.catalog.published.nccl_tests`.
+    """
+    spec = _keyword_cluster(cluster, gpu=gpu, n_nodes=n_nodes, gpus_per_node=gpus_per_node,
+                            nic=nic, nics_per_node=nics_per_node,
+                            intra_node_link=intra_node_link,
+                            intra_node_bytes_per_s=intra_node_bytes_per_s,
+                            network_bytes_per_s=network_bytes_per_s, sharp=sharp)
+    estimate = _model.estimate(op, nbytes, spec, algorithm=algorithm, protocol=protocol)
+    return estimate if spec.n_gpus == 1 else _with_regime_band(estimate, spec, fabric)
+
+
+def _with_regime_band(estimate: CollectiveEstimate, spec: hardware.ClusterSpec,
+                      fabric: FabricKind | None) -> CollectiveEstimate:
+    """The estimate with its validation regime and the band its published rows set."""
+    kind = "pcie" if (spec.intra_node_link or "").startswith("PCIe") else "nvlink"
+    where = _model.regime(estimate.op, estimate.nbytes, spec.n_nodes,
+                          fabric or _model.fabric_of(spec.nic, spec.n_nodes, kind))
+    return validation.with_band(estimate, where)
+
+
+def all_reduce_time(nbytes: float, cluster: hardware.ClusterSpec | None = None, *,
+                    gpu: hardware.GPU | str | None = None, n_nodes: int | None = None,
+                    gpus_per_node: int | None = None, nic: str | None = None,
+                    nics_per_node: int | None = None, intra_node_link: str | None = None,
+                    intra_node_bytes_per_s: float | None = None,
+                    network_bytes_per_s: float | None = None, sharp: bool = False) -> float:
+    """Seconds of an all-reduce of ``nbytes`` per GPU: ``cluster_collective(...).time_s``.
+
+    Args:
+        nbytes: the buffer each GPU all-reduces, in bytes.
+        cluster: the cluster; or the keyword form of :func:`cluster_collective`.
+
+    Returns:
+        Seconds, NCCL's pick (the band is not needed for a time).
+    """
+    spec = _keyword_cluster(cluster, gpu=gpu, n_nodes=n_nodes, gpus_per_node=gpus_per_node,
+                            nic=nic, nics_per_node=nics_per_node,
+                            intra_node_link=intra_node_link,
+                            intra_node_bytes_per_s=intra_node_bytes_per_s,
+                            network_bytes_per_s=network_bytes_per_s, sharp=sharp)
+    return _model.estimate("all_reduce", nbytes, spec).time_s

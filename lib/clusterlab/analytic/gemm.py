@@ -1,0 +1,412 @@
+"""The time of one BF16 matrix multiplication (GEMM) on one GPU, and of one transformer layer's.
+
+A GEMM ``(m x k) @ (k x n)`` is priced as a roofline, the larger of two times [nvidia_gemm_guide]:
+
+* compute: the output is cut into tiles of ``TILE_M x TILE_N`` and the tiles run in *waves* of
+  one tile per SM, ``waves = ceil(tiles / sm_count)``; a wave takes one tile's FLOPs,
+  ``2 TILE_M TILE_N k``, at the SM's share of the GPU's achievable matmul rate (the ceiling,
+  :func:`matmul_ceiling`, times the BF16 peak). A partial last wave costs a whole wave (wave
+  quantization), a partial tile a whole tile (tile quantization); a dimension smaller than a
+  tile gets a tile of its own size (cuBLAS picks smaller tiles for small problems). A GPU
+  without ``sm_count`` in :mod:`clusterlab.catalog.hardware` is priced at the ceiling alone, without
+  quantization;
+* memory: the bytes of A, B and C (2 bytes a value) over the datasheet's HBM bandwidth, which
+  is what a thin matmul (a matrix-vector product) is limited by.
+
+:func:`transformer_layer_gemms` lists the GEMMs of one GPT-style layer for one micro-batch on
+one tensor-parallel GPU, forward, backward and recomputed; :func:`transformer_layer_elementwise`
+the element-wise work (LayerNorm, GeLU, softmax, dropout, residuals), priced by its bytes over
+HBM bandwidth; :func:`transformer_layer_time_s` sums both. :func:`output_layer_time_s` prices
+the output layer (the logits GEMM, ``d x V``) and its cross-entropy, which Megatron-LM runs on
+the last pipeline stage. :func:`group_shares` splits a layer's GEMM time into attention, MLP
+and projections (:data:`LAYER_GEMM_GROUPS`), whether priced here or measured on a device
+(``clusterlab.device.bench.time_gemms``).
+
+References:
+    [nvidia_gemm_guide] NVIDIA, "Matrix Multiplication Background User's Guide" (tile and wave
+    quantization, the 256x128 tile, arithmetic intensity of a GEMM).
+    [bekman_mamf] Bekman, Machine Learning Engineering Open Book, "Maximum Achievable Matmul
+    FLOPS comparison table" (BF16 MAMF per accelerator).
+    [korthikanti2022] Korthikanti et al., "Reducing Activation Recomputation in Large
+    Transformer Models", MLSys 2023 (the layer's activations, selective recomputation).
+    [narayanan2021] Narayanan et al., "Efficient Large-Scale Language Model Training on GPU
+    Clusters Using Megatron-LM", SC 2021 (the output layer's FLOPs, ``6 B s h V``).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+from typing import Literal, Mapping, NamedTuple, Sequence
+
+from clusterlab import _checks
+from clusterlab.catalog.hardware import GPU
+
+#: The output tile of one thread block, rows x columns: the largest cuBLAS tile the GEMM guide
+#: lists (256x128) [nvidia_gemm_guide].
+TILE_M, TILE_N = 256, 128
+BYTES_PER_VALUE = 2  # BF16 operands and outputs
+MASK_BYTES = 1       # a dropout mask: one byte a value [korthikanti2022]
+
+#: Maximum achievable matmul FLOPS (MAMF) over the dense BF16 peak, the best shape of
+#: mamf-finder.py's search [bekman_mamf]: A100 SXM 271.2 / 312 TFLOPS, H100 SXM 794.5 / 989
+#: (its note: "H200 is the same"), B200 SXM 1745.0 / 2250, GB200 1822.0 / 2500.
+MAMF_FRACTION: dict[str, float] = {
+    "A100": 271.2 / 312, "H100": 794.5 / 989, "H200": 794.5 / 989,
+    "B200": 1745.0 / 2250, "GB200": 1822.0 / 2500,
+}
+#: The ceiling of a GPU without a MAMF row: the lowest NVIDIA row above (GB200's 72.9%), so
+#: that an unmeasured GPU is not assumed better than every measured one.
+UNMEASURED_CEILING = min(MAMF_FRACTION.values())
+
+#: Activation recomputation policies (Korthikanti et al. 2022, sections 4-5), the one tuple the
+#: GEMM model, the planner's workload (``plan.workload.RECOMPUTE_POLICIES``) and its search read:
+#: ``"flash"``: attention by a FlashAttention kernel, which never stores the scores and
+#: recomputes them inside its backward kernel (the FLOPs of the model only; the planner's
+#: default); ``"none"``: every activation stored, the attention scores too, nothing recomputed;
+#: ``"selective"``: Megatron's selective recomputation, scores and softmax dropped and
+#: recomputed; ``"full"``: only each layer's input kept, one more forward of everything.
+Recompute = Literal["flash", "none", "selective", "full"]
+RECOMPUTE_POLICIES: tuple[Recompute, ...] = ("flash", "none", "selective", "full")
+
+Pass = Literal["forward", "dgrad", "wgrad", "recompute"]
+Operand = Literal["a", "b", "c"]
+
+
+@dataclass(frozen=True)
+class Gemm:
+    """One matrix multiplication ``C[m, n] = A[m, k] @ B[k, n]``, ``batch`` times (per head;
+    a fraction where heads do not divide evenly over the tensor-parallel GPUs, on average).
+
+    ``on_chip`` names operands that never touch HBM (a fused attention kernel keeps the
+    ``s x s`` scores in shared memory).
+    """
+
+    name: str
+    m: float
+    n: float
+    k: float
+    batch: float = 1
+    pass_: Pass = "forward"
+    on_chip: tuple[Operand, ...] = ()
+
+    def __post_init__(self) -> None:
+        for dim in ("m", "n", "k"):
+            _checks.positive(dim, getattr(self, dim))
+        _checks.positive("batch", self.batch)
+        if any(operand not in ("a", "b", "c") for operand in self.on_chip):
+            raise ValueError(f"on_chip names operands 'a', 'b' or 'c', got {self.on_chip!r}.")
+
+    @property
+    def flops(self) -> float:
+        """``2 m n k`` per multiplication, times ``batch``."""
+        return 2.0 * self.m * self.n * self.k * self.batch
+
+    @property
+    def hbm_bytes(self) -> float:
+        """Bytes of A, B and C that cross HBM (operands in ``on_chip`` left out)."""
+        sizes = {"a": self.m * self.k, "b": self.k * self.n, "c": self.m * self.n}
+        return BYTES_PER_VALUE * self.batch * sum(v for key, v in sizes.items()
+                                                  if key not in self.on_chip)
+
+
+@dataclass(frozen=True)
+class Elementwise:
+    """One element-wise kernel of a layer and the HBM bytes it reads and writes."""
+
+    name: str
+    hbm_bytes: float
+    pass_: Pass = "forward"
+
+
+def matmul_ceiling(gpu: GPU) -> float:
+    """The largest fraction of the BF16 peak a GEMM reaches on ``gpu`` (:data:`MAMF_FRACTION`;
+    :data:`UNMEASURED_CEILING` for a GPU without a published MAMF row)."""
+    return MAMF_FRACTION.get(gpu.name, UNMEASURED_CEILING)
+
+
+def gemm_compute_s(gemm: Gemm, gpu: GPU) -> float:
+    """Seconds of ``gemm``'s tiles in waves over the SMs at the ceiling (no memory limit)."""
+    rate_flops = gpu.bf16_flops * matmul_ceiling(gpu)
+    if gpu.sm_count is None:
+        return gemm.flops / rate_flops
+    tile_m, tile_n = min(TILE_M, gemm.m), min(TILE_N, gemm.n)
+    tiles = math.ceil(gemm.batch * math.ceil(gemm.m / tile_m) * math.ceil(gemm.n / tile_n))
+    waves = math.ceil(tiles / gpu.sm_count)
+    return waves * 2.0 * tile_m * tile_n * gemm.k / (rate_flops / gpu.sm_count)
+
+
+def gemm_time_s(gemm: Gemm, gpu: GPU) -> float:
+    """Seconds of one GEMM on one GPU: the larger of its compute (tiles in waves at the
+    ceiling, :func:`gemm_compute_s`) and its HBM traffic at the datasheet bandwidth.
+
+    Example: an 8192-cubed GEMM on an H100 runs 2,048 tiles in 16 waves of 132 SMs, 97% of the
+    ceiling's rate; a matrix-vector product runs at HBM bandwidth.
+    """
+    return max(gemm_compute_s(gemm, gpu), gemm.hbm_bytes / gpu.hbm_bytes_per_s)
+
+
+def _backward(forward: Gemm) -> tuple[Gemm, Gemm]:
+    """dgrad ``dA[m, k] = dC[m, n] @ B^T`` and wgrad ``dB[k, n] = A^T @ dC``: the forward's FLOPs
+    each; an operand kept on chip forward stays on chip (its gradient too)."""
+    f = forward
+    swap_dgrad = {"a": "c", "b": "b", "c": "a"}   # dgrad: (A, B, C) -> (dC, B^T, dA)
+    swap_wgrad = {"a": "a", "b": "c", "c": "b"}   # wgrad: (A, B, C) -> (A^T, dC, dB)
+    return (Gemm(f.name, f.m, f.k, f.n, f.batch, "dgrad",
+                 tuple(swap_dgrad[o] for o in f.on_chip)),
+            Gemm(f.name, f.k, f.n, f.m, f.batch, "wgrad",
+                 tuple(swap_wgrad[o] for o in f.on_chip)))
+
+
+def _recompute_policy(recompute: str) -> str:
+    if recompute not in RECOMPUTE_POLICIES:
+        raise ValueError(f"recompute must be one of {RECOMPUTE_POLICIES} "
+                         f"(gemm.RECOMPUTE_POLICIES), got {recompute!r}.")
+    return recompute
+
+
+def _recomputed(ops: list, recompute: str, attention: set[str]) -> list:
+    """The forward ops run again: all of them ("full"), attention's score ops ("selective")."""
+    again = [op for op in ops if recompute == "full"
+             or (recompute == "selective" and op.name in attention)]
+    return [type(op)(**(vars(op) | {"pass_": "recompute"})) for op in again]
+
+
+def _layer_shape(seq_len, micro_batch, d_model, n_heads, ffn_hidden, tensor_parallel,
+                 recompute) -> tuple[int, int, int, int, int, float, str]:
+    """A layer's arguments checked: ``(s, b, d, a, t, f, policy)``, ``f`` = ``4 d`` when None."""
+    s, b = _checks.count("seq_len", seq_len), _checks.count("micro_batch", micro_batch)
+    d, a = _checks.count("d_model", d_model), _checks.count("n_heads", n_heads)
+    t = _checks.count("tensor_parallel", tensor_parallel)
+    f = 4.0 * d if ffn_hidden is None else _checks.positive("ffn_hidden", ffn_hidden)
+    return s, b, d, a, t, f, _recompute_policy(recompute)
+
+
+def transformer_layer_gemms(seq_len: int, micro_batch: int, d_model: int, n_heads: int, *,
+                            ffn_hidden: float | None = None, tensor_parallel: int = 1,
+                            recompute: str = "flash") -> tuple[Gemm, ...]:
+    """The GEMMs of one GPT-style transformer layer, one micro-batch, one tensor-parallel GPU.
+
+    With ``T = b s`` tokens, width ``d``, MLP width ``f``, ``a`` heads of ``d/a`` and ``t``
+    tensor-parallel GPUs (Megatron's split: columns of QKV and the first MLP matmul, rows of
+    the output projection and the second): forward ``qkv`` ``(T x d) @ (d x 3d/t)``,
+    ``scores`` ``(s x d/a) @ (d/a x s)`` and ``attention_over_values`` ``(s x s) @ (s x d/a)``
+    for each of ``b a / t`` heads, ``output_projection`` ``(T x d/t) @ (d/t x d)``, ``mlp_up``
+    ``(T x d) @ (d x f/t)``, ``mlp_down`` ``(T x f/t) @ (f/t x d)``; each with its dgrad and
+    wgrad (the forward's FLOPs each), and the forwards recomputed: none ("flash", "none"),
+    the two attention GEMMs ("selective"), all six ("full"). With "flash" the two attention
+    GEMMs are one fused kernel whose ``s x s`` scores stay on chip; its backward's own
+    recomputation of the scores is not counted (the planner counts the model's FLOPs only).
+
+    Their FLOPs per token are ``(24 d^2 + 4 s d + 4 d (f - 4d)) / t`` forward, times 3 with the
+    backward: ``Workload.hardware_flops_per_token / (L t)`` for ``f = N/(2 L d) - 2 d``.
+
+    Args:
+        seq_len, micro_batch, d_model, n_heads: s, b, d, a.
+        ffn_hidden: f; None: ``4 d``.
+        tensor_parallel: t (Megatron needs it to divide ``n_heads``; here a GPU's share of
+            heads may be fractional, an average).
+        recompute: "flash", "none", "selective" or "full".
+
+    Returns:
+        The GEMMs, forward first.
+    """
+    s, b, d, a, t, f, recompute = _layer_shape(seq_len, micro_batch, d_model, n_heads,
+                                               ffn_hidden, tensor_parallel, recompute)
+    tokens, head_dim, heads = b * s, d / a, b * a / t
+    fused = recompute == "flash"
+    forward = [
+        Gemm("qkv", tokens, 3 * d / t, d),
+        Gemm("scores", s, s, head_dim, heads, on_chip=("c",) if fused else ()),
+        Gemm("attention_over_values", s, head_dim, s, heads, on_chip=("a",) if fused else ()),
+        Gemm("output_projection", tokens, d, d / t),
+        Gemm("mlp_up", tokens, f / t, d),
+        Gemm("mlp_down", tokens, d, f / t),
+    ]
+    backward = [g for gemm in reversed(forward) for g in _backward(gemm)]
+    recomputed = _recomputed(forward, recompute, {"scores", "attention_over_values"})
+    return tuple(forward + recomputed + backward)
+
+
+def transformer_layer_elementwise(seq_len: int, micro_batch: int, d_model: int, n_heads: int,
+                                  *, ffn_hidden: float | None = None, tensor_parallel: int = 1,
+                                  sequence_parallel: bool = False,
+                                  recompute: str = "flash") -> tuple[Elementwise, ...]:
+    """The element-wise kernels of one layer, one micro-batch, one tensor-parallel GPU, with
+    the HBM bytes each moves (2 bytes a value, 1 a dropout mask; the tensors are those of
+    Korthikanti et al.'s activation count [korthikanti2022], ``sbh`` = ``s b d`` values).
+
+    Forward: two LayerNorms (read and write ``sbh``: 4 ``sbh`` bytes each), two dropouts with
+    their residual add (read x and the residual, write the sum and a mask: 7), GeLU on the
+    ``s b f`` MLP activations (read and write: 4 ``sbf``), and unless "flash" fuses them into
+    the attention kernel, the softmax (4 bytes a score) and the attention dropout (5) on the
+    ``b a s^2`` scores. Backward: each reads the output's gradient and what it saved and writes
+    the input's gradient: LayerNorm 6 ``sbh``, dropout and residual 5, GeLU 6 ``sbf``, softmax
+    6 and dropout 5 a score. LayerNorm and dropout-residual are replicated on the ``t`` GPUs
+    unless ``sequence_parallel`` splits them; the rest is split ``t`` ways. Recomputation runs
+    the forward kernels again: all ("full") or the score ones ("selective").
+
+    Args: as :func:`transformer_layer_gemms`, and ``sequence_parallel``.
+
+    Returns:
+        The kernels, forward first.
+    """
+    s, b, d, a, t, f, recompute = _layer_shape(seq_len, micro_batch, d_model, n_heads,
+                                               ffn_hidden, tensor_parallel, recompute)
+    sbh = s * b * d / (t if sequence_parallel else 1)   # replicated unless sequence parallel
+    sbf = s * b * f / t
+    scores = b * a * s * s / t
+    v, mask = BYTES_PER_VALUE, MASK_BYTES
+    forward = [Elementwise("layernorm", 2 * 2 * v * sbh),
+               Elementwise("dropout_residual", 2 * (3 * v + mask) * sbh),
+               Elementwise("gelu", 2 * v * sbf)]
+    backward = [Elementwise("layernorm", 2 * 3 * v * sbh, "dgrad"),
+                Elementwise("dropout_residual", 2 * (2 * v + mask) * sbh, "dgrad"),
+                Elementwise("gelu", 3 * v * sbf, "dgrad")]
+    if recompute != "flash":
+        forward += [Elementwise("softmax", 2 * v * scores),
+                    Elementwise("attention_dropout", (2 * v + mask) * scores)]
+        backward += [Elementwise("softmax", 3 * v * scores, "dgrad"),
+                     Elementwise("attention_dropout", (2 * v + mask) * scores, "dgrad")]
+    recomputed = _recomputed(forward, recompute, {"softmax", "attention_dropout"})
+    return tuple(forward + recomputed + backward)
+
+
+@functools.lru_cache(maxsize=4096)   # a layout search prices the same layer many times
+def transformer_layer_time_s(gpu: GPU, seq_len: int, micro_batch: int, d_model: int,
+                             n_heads: int, *, ffn_hidden: float | None = None,
+                             tensor_parallel: int = 1, sequence_parallel: bool = False,
+                             recompute: str = "flash") -> float:
+    """Seconds of one layer's forward, backward and recomputation for one micro-batch on one
+    tensor-parallel GPU: :func:`gemm_time_s` of each of :func:`transformer_layer_gemms` plus
+    the bytes of :func:`transformer_layer_elementwise` over HBM bandwidth (kernels run one
+    after another, none overlapped)."""
+    shape = dict(ffn_hidden=ffn_hidden, tensor_parallel=tensor_parallel, recompute=recompute)
+    gemms = transformer_layer_gemms(seq_len, micro_batch, d_model, n_heads, **shape)
+    elementwise = transformer_layer_elementwise(seq_len, micro_batch, d_model, n_heads,
+                                                sequence_parallel=sequence_parallel, **shape)
+    return (sum(gemm_time_s(g, gpu) for g in gemms)
+            + sum(e.hbm_bytes for e in elementwise) / gpu.hbm_bytes_per_s)
+
+
+#: Bytes a logit moves through the cross-entropy, forward and backward: Megatron Core's
+#: vocabulary-parallel cross-entropy (``megatron/core/tensor_parallel/cross_entropy.py`` as of
+#: 2024: ``.float()`` on the logits first) computes in FP32 and keeps the softmax for the backward. Counted at one
+#: fused pass each way, a lower bound: forward reads the BF16 logit and writes the FP32
+#: softmax (2 + 4), backward reads the softmax and writes the BF16 logit gradient (4 + 2).
+CROSS_ENTROPY_BYTES_PER_LOGIT = {"forward": 2 + 4, "dgrad": 4 + 2}
+
+
+def output_layer_gemms(seq_len: int, micro_batch: int, d_model: int, vocab_size: int, *,
+                       tensor_parallel: int = 1) -> tuple[Gemm, ...]:
+    """The output layer's GEMMs for one micro-batch on one tensor-parallel GPU: the logits
+    ``(T x d) @ (d x V/t)`` of ``T = b s`` tokens (Megatron splits the vocabulary over the
+    ``t`` GPUs, column-parallel), its dgrad and wgrad. No recomputation: Megatron's full
+    recomputation re-runs the transformer layers, not the output layer.
+
+    Their FLOPs per token are ``6 d V / t``, the ``V/(16 l h)`` term of Narayanan et al.'s
+    per-iteration count ``96 B s l h^2 (1 + s/(6h) + V/(16 l h))`` [narayanan2021].
+
+    Raises:
+        ValueError: on a size that is not a positive integer.
+    """
+    s, b = _checks.count("seq_len", seq_len), _checks.count("micro_batch", micro_batch)
+    d, vocab = _checks.count("d_model", d_model), _checks.count("vocab_size", vocab_size)
+    t = _checks.count("tensor_parallel", tensor_parallel)
+    logits = Gemm("logits", b * s, vocab / t, d)
+    return (logits, *_backward(logits))
+
+
+def output_layer_elementwise(seq_len: int, micro_batch: int, vocab_size: int, *,
+                             tensor_parallel: int = 1) -> tuple[Elementwise, ...]:
+    """The cross-entropy on one tensor-parallel GPU's ``b s V / t`` logits, forward and
+    backward (:data:`CROSS_ENTROPY_BYTES_PER_LOGIT`). Its two all-reduces of ``b s`` FP32 values
+    (the maximum and the sum over the vocabulary) are left out: 4 bytes a token."""
+    s, b = _checks.count("seq_len", seq_len), _checks.count("micro_batch", micro_batch)
+    vocab = _checks.count("vocab_size", vocab_size)
+    logits = b * s * vocab / _checks.count("tensor_parallel", tensor_parallel)
+    return tuple(Elementwise("cross_entropy", per_logit * logits, pass_)
+                 for pass_, per_logit in CROSS_ENTROPY_BYTES_PER_LOGIT.items())
+
+
+@functools.lru_cache(maxsize=1024)
+def output_layer_time_s(gpu: GPU, seq_len: int, micro_batch: int, d_model: int,
+                        vocab_size: int, *, tensor_parallel: int = 1) -> float:
+    """Seconds of the output layer (logits GEMMs, :func:`output_layer_gemms`) and the
+    cross-entropy (:func:`output_layer_elementwise`, by bytes over HBM bandwidth) for one
+    micro-batch on one tensor-parallel GPU, forward and backward."""
+    gemms = output_layer_gemms(seq_len, micro_batch, d_model, vocab_size,
+                               tensor_parallel=tensor_parallel)
+    elementwise = output_layer_elementwise(seq_len, micro_batch, vocab_size,
+                                           tensor_parallel=tensor_parallel)
+    return (sum(gemm_time_s(g, gpu) for g in gemms)
+            + sum(e.hbm_bytes for e in elementwise) / gpu.hbm_bytes_per_s)
+
+
+class LayerShape(NamedTuple):
+    """The shape of one transformer layer, as :func:`transformer_layer_gemms` takes it."""
+
+    seq_len: int
+    micro_batch: int
+    d_model: int
+    n_heads: int
+    ffn_hidden: int
+
+
+#: The layer labs 08 and 10 time on a host CPU: s 256, b 4, d 512, 32 heads of width 16 (thin
+#: enough for attention's GEMMs to be memory-bound there), MLP width 2048.
+HOST_LAYER = LayerShape(seq_len=256, micro_batch=4, d_model=512, n_heads=32, ffn_hidden=2048)
+
+
+#: The GEMMs of :func:`transformer_layer_gemms` in three groups, by name (every pass of each):
+#: attention's per-head matmuls, whose ``d/a`` dimension makes them thin at a small head width;
+#: the MLP's two; QKV and the output projection.
+LAYER_GEMM_GROUPS: dict[str, tuple[str, ...]] = {
+    "attention": ("scores", "attention_over_values"),
+    "MLP": ("mlp_up", "mlp_down"),
+    "projections": ("qkv", "output_projection"),
+}
+
+
+def group_shares(gemms: Sequence[Gemm], seconds: Sequence[float],
+                 groups: Mapping[str, Sequence[str]] = LAYER_GEMM_GROUPS) -> dict[str, float]:
+    """Each group's share of the GEMMs' total time: how a layer's GEMM time splits.
+
+    The seconds can be measured (``bench.time_gemms``' medians), priced by a roofline, or
+    priced by :func:`gemm_time_s` on a GPU; the split is then compared between them.
+
+    Args:
+        gemms: the GEMMs, e.g. :func:`transformer_layer_gemms`.
+        seconds: one time per GEMM, in the same order (seconds, positive).
+        groups: group name -> GEMM names (:data:`LAYER_GEMM_GROUPS` by default); every GEMM's
+            name must be in exactly one group.
+
+    Returns:
+        group name -> share of the total, in the order of ``groups``; the shares sum to 1.
+
+    Raises:
+        ValueError: when the lengths differ, a time is not positive, or a GEMM is in no group
+            or in more than one.
+    """
+    if len(gemms) != len(seconds):
+        raise ValueError(f"group_shares needs one time per GEMM: got {len(gemms)} GEMMs and "
+                         f"{len(seconds)} times.")
+    if not gemms:
+        raise ValueError("group_shares needs at least one GEMM.")
+    for g, s in zip(gemms, seconds):
+        _checks.positive(f"the seconds of {g.pass_} {g.name}", s)
+    group_of: dict[str, str] = {}
+    for group, names in groups.items():
+        for name in names:
+            if name in group_of:
+                raise ValueError(f"GEMM {name!r} is in two groups, {group_of[name]!r} and "
+                                 f"{group!r}: put it in one.")
+            group_of[name] = group
+    ungrouped = sorted({g.name for g in gemms} - set(group_of))
+    if ungrouped:
+        raise ValueError(f"GEMMs in no group: {', '.join(ungrouped)}; add them to `groups` "
+                         f"(groups now: {', '.join(groups)}).")
+    total_s = math.fsum(seconds)
+    return {group: math.fsum(s for g, s in zip(gemms, seconds) if group_of[g.name] == group)
+            / total_s for group in groups}

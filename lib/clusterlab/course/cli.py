@@ -1,0 +1,397 @@
+"""Command line: ``python -m clusterlab bench OP --devices N --min 4K --max 64M``,
+``python -m clusterlab plan --params 70e9 --tokens 2e12 --gpu H100 --gpus 1024``,
+``python -m clusterlab expect all_reduce --gpu H100 --nodes 4 --measured all_reduce.log``
+and ``python -m clusterlab grade SUBMISSION.ipynb --key keys``.
+
+``bench`` prints an nccl-tests-style table for one collective on the devices JAX sees, or on
+simulated CPU devices when there are not enough. ``plan`` prints the planner's ranking of
+parallel layouts for a workload on a cluster (:mod:`clusterlab.analytic.plan`); it runs no JAX.
+``expect`` prints the bus bandwidth :func:`clusterlab.analytic.costmodel.cluster_collective` expects per
+message size, with a band set by the model's measured error in that regime, and with
+``--measured`` holds an nccl-tests output (text or ``-J`` JSON) against it
+(:mod:`clusterlab.course.expect`); it runs no JAX. ``grade`` runs submitted lab notebooks and grades
+every exercise from the instructor's key (:mod:`clusterlab.course.grading`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+# Only the analytical layer at the top: `plan`, `expect` and `--help` start without JAX. `bench`
+# imports the device layer and `grade` the grader when they run.
+from clusterlab.analytic import costmodel, plan, tables
+from clusterlab.analytic.plan.workload import RECOMPUTE_POLICIES
+from clusterlab.catalog import hardware
+from clusterlab.course import expect as expect_module
+
+
+def _size(text: str) -> int:
+    try:
+        return tables.parse_size(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m clusterlab",
+                                     description="Tools of the course GPU Clusters, Hands-On.")
+    commands = parser.add_subparsers(dest="command", required=True)
+    bench = commands.add_parser(
+        "bench", help="time a collective over message sizes (nccl-tests style)",
+        description="Time a collective over message sizes and print size, count, type, time, "
+                    "algbw and busbw as nccl-tests does. Sizes use powers of 1024 (4K = 4096 B).")
+    bench.add_argument("op", choices=costmodel.RUNNABLE_OPS)
+    bench.add_argument("--devices", type=int, default=8, help="devices to use (default 8)")
+    bench.add_argument("--min", dest="smallest", type=_size, default=_size("4K"),
+                       help="smallest message, e.g. 4K (default)")
+    bench.add_argument("--max", dest="largest", type=_size, default=_size("16M"),
+                       help="largest message, e.g. 64M (default 16M)")
+    bench.add_argument("--factor", type=int, default=2, help="size step factor (default 2)")
+    bench.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "int32"))
+    bench.add_argument("--implementation", default="builtin",
+                       choices=costmodel.IMPLEMENTATIONS)
+    bench.add_argument("--warmup", type=int, default=2)
+    bench.add_argument("--repeats", type=int, default=5)
+    _plan_parser(commands)
+    _expect_parser(commands)
+    _grade_parser(commands)
+    return parser
+
+
+def _grade_parser(commands) -> None:
+    grade = commands.add_parser(
+        "grade", help="run submitted lab notebooks and grade every exercise from the key",
+        description="Run each submitted notebook in its own kernel (a failing cell does not stop "
+                    "it), then judge every exercise of its lab from the instructor's key "
+                    "(keys/labNN.py): one line per exercise (✓, or ✗ with the hint) and a "
+                    "total. An exercise whose check call was deleted scores zero. Exits 1 when "
+                    "any exercise fails, 2 when a submission cannot be graded.")
+    grade.add_argument("submissions", nargs="+", metavar="SUBMISSION.ipynb",
+                       help="notebooks named like the lab they answer (NN-*.ipynb)")
+    grade.add_argument("--key", default="keys", help="folder of the keys labNN.py (keys)")
+    grade.add_argument("--timeout", type=float, default=600,
+                       help="longest run of one cell, seconds (600)")
+
+
+def _expect_parser(commands) -> None:
+    expect = commands.add_parser(
+        "expect", help="expected nccl-tests busbw for a cluster; judge a measured log",
+        description="Print the bus bandwidth (nccl-tests' busbw, GB/s) that "
+                    "clusterlab.analytic.costmodel.cluster_collective (NCCL's own tuning model) expects "
+                    "per message size, with the band's floor and the algorithm NCCL would pick. "
+                    "The floor is the model's measured error in that regime (nodes, fabric, "
+                    "op, size class) over published nccl-tests rows; where a regime has too "
+                    "few rows the expectation is unvalidated and every verdict says so. With "
+                    "--measured, read an nccl-tests *_perf output (text, or its -J JSON file) "
+                    "and give a verdict per size: normal, low (with likely causes) or high "
+                    "(above line rate: in-network reduction).")
+    expect.add_argument("op", choices=expect_module.OPS)
+    expect.add_argument("--gpu", required=True, help="GPU name in clusterlab.catalog.hardware, e.g. H100")
+    expect.add_argument("--nodes", type=int, required=True, help="nodes")
+    expect.add_argument("--gpus-per-node", type=int, default=8, help="GPUs per node (8)")
+    expect.add_argument("--nic", default=None,
+                        help="NIC link in clusterlab.catalog.hardware.LINKS "
+                             f"({expect_module.DEFAULT_NIC} when --nodes > 1)")
+    expect.add_argument("--nics-per-node", type=int, default=None,
+                        help="NICs per node NCCL uses (one per GPU)")
+    expect.add_argument("--fabric", choices=costmodel.FABRICS, default=None,
+                        help="the network's kind, for the regime whose error sets the band "
+                             "(default: InfiniBand for IB-* NICs, else Ethernet; NVLink on one "
+                             "node, PCIe with a PCIe --node-link)")
+    expect.add_argument("--node-link", default=None,
+                        help="link between the GPUs of a node in clusterlab.catalog.hardware.LINKS "
+                             "(default: the GPU's NVLink), e.g. PCIe4x16")
+    expect.add_argument("--algorithm", default="auto",
+                        choices=("auto", *costmodel.CLUSTER_ALGORITHMS),
+                        help="the algorithm the run forced (NCCL_ALGO), or auto: NCCL's choice")
+    expect.add_argument("--sizes", default="1M,8M,64M,512M,4G",
+                        help="increasing sizes, powers of 1024 (1M,8M,64M,512M,4G)")
+    expect.add_argument("--measured", help="an nccl-tests *_perf output to judge: its text "
+                                           "output, or its -J JSON file ('-': standard input)")
+    expect.add_argument("--json", action="store_true", help="print JSON instead of a table")
+
+
+def _sizes(text: str) -> list[int]:
+    sizes = [tables.parse_size(part) for part in text.split(",") if part.strip()]
+    for before, after in zip(sizes, sizes[1:]):
+        if after <= before:
+            raise ValueError(f"--sizes must increase: {after} B comes after {before} B; write "
+                             "them smallest first, e.g. --sizes 1M,16M,256M.")
+    if not sizes:
+        raise ValueError("--sizes is empty; give sizes such as --sizes 1M,16M,256M.")
+    return sizes
+
+
+def _fabric_options(args: argparse.Namespace) -> None:
+    """Refuse a --fabric that the configuration cannot cross, naming the fix."""
+    if args.fabric is None:
+        return
+    one_node = args.fabric in ("NVLink", "PCIe")
+    if args.nodes == 1 and not one_node:
+        raise ValueError(f"--fabric {args.fabric} is a network between nodes; one node crosses "
+                         "NVLink or PCIe (give --fabric NVLink, or --nodes > 1).")
+    if args.nodes > 1 and one_node:
+        raise ValueError(f"--fabric {args.fabric} is a link inside a node; {args.nodes} nodes "
+                         "cross InfiniBand, RoCE, EFA or Ethernet.")
+    pcie = (args.node_link or "").startswith("PCIe")
+    if args.fabric == "PCIe" and not pcie:
+        raise ValueError("--fabric PCIe needs the PCIe link the GPUs share: give --node-link "
+                         "PCIe4x16 (or PCIe5x16).")
+    if args.fabric == "NVLink" and pcie:
+        raise ValueError(f"--node-link {args.node_link} is PCIe; give --fabric PCIe.")
+    if args.fabric == "InfiniBand" and args.nic and not args.nic.startswith("IB-"):
+        raise ValueError(f"--nic {args.nic} is not an InfiniBand port; give an IB-* --nic "
+                         "(e.g. IB-NDR) or the --fabric it is (RoCE, EFA, Ethernet).")
+    if args.fabric in ("RoCE", "EFA", "Ethernet") and args.nodes > 1 and not (
+            args.nic or "").startswith("Ethernet-"):
+        raise ValueError(f"--fabric {args.fabric} runs on Ethernet ports: give --nic "
+                         "Ethernet-400G (or Ethernet-100G/200G/800G) and --nics-per-node.")
+
+
+def _expect(args: argparse.Namespace) -> None:
+    for flag, value, lookup in (("--gpu", args.gpu, hardware.gpu),
+                                ("--nic", args.nic, hardware.link),
+                                ("--node-link", args.node_link, hardware.link)):
+        if value is not None:
+            try:
+                lookup(value)
+            except ValueError as error:
+                raise ValueError(f"{flag} {value}: {error} Use one of these names.") from None
+    if args.nodes < 1 or args.gpus_per_node < 1:
+        raise ValueError("--nodes and --gpus-per-node must be positive integers.")
+    _fabric_options(args)
+    cluster = expect_module.cluster_from_options(args.gpu, args.nodes, args.gpus_per_node,
+                                                 nic=args.nic, nics_per_node=args.nics_per_node,
+                                                 node_link=args.node_link)
+    measurement = None
+    if args.measured:
+        name = "standard input" if args.measured == "-" else args.measured
+        try:
+            if args.measured == "-":
+                text = sys.stdin.read()
+            else:
+                with open(args.measured, encoding="utf-8", errors="replace") as handle:
+                    text = handle.read()
+        except OSError as error:
+            raise ValueError(f"Cannot read {args.measured}: {error.strerror}; give the path of "
+                             "a file holding an nccl-tests output (e.g. all_reduce_perf ... > "
+                             "log, or all_reduce_perf -J log.json).") from None
+        measurement = expect_module.read_measurement(text, name=name)
+        expect_module.check_measurement(measurement, args.op, cluster, name=name)
+        sizes = [size for size, _ in measurement.rows]
+    else:
+        sizes = _sizes(args.sizes)
+    rows = expect_module.verdicts(args.op, sizes, cluster, fabric=args.fabric,
+                                  algorithm=args.algorithm,
+                                  measured=None if measurement is None else dict(measurement.rows))
+    print(expect_module.report(rows, args.op, cluster, algorithm=args.algorithm,
+                               measurement=measurement, as_json=args.json))
+
+
+_SPACE = plan.SearchSpace()  # the search's defaults, which the flags narrow
+
+
+def _plan_parser(commands) -> None:
+    plan = commands.add_parser(
+        "plan", help="size a cluster for a training run and rank parallel layouts",
+        description="Predict memory per GPU, step time (compute, tensor-parallel and "
+                    "data-parallel all-reduce, pipeline bubble, storage), MFU and time to train "
+                    "for a dense transformer, or one with experts (--experts), for every layout "
+                    "that fits; or, with --budget-days and no --gpus, the smallest cluster that "
+                    "meets the budget. Memory counts model states and activations.")
+    plan.add_argument("--params", type=float, required=True, help="model parameters, e.g. 70e9")
+    plan.add_argument("--tokens", type=float, help="training tokens, e.g. 2e12")
+    plan.add_argument("--budget-days", type=float, help="wall-clock budget in days")
+    plan.add_argument("--seq-len", type=int, default=4096, help="tokens per sequence (4096)")
+    plan.add_argument("--batch", type=int, default=1024,
+                      help="global batch in sequences (1024)")
+    plan.add_argument("--layers", type=int, help="transformer layers (default: from --params)")
+    plan.add_argument("--d-model", type=int, help="model width (default: from --params)")
+    plan.add_argument("--recompute", nargs="?", const="full", type=_policies,
+                      help="recomputation policies to search, comma-separated among "
+                           f"{','.join(RECOMPUTE_POLICIES)} (default: all; "
+                           "--recompute alone: full)")
+    plan.add_argument("--micro-batches", type=_positive_ints, default=_SPACE.micro_batches,
+                      help="micro-batch sizes to search, e.g. 1,2,4 (1,2,4,8)")
+    plan.add_argument("--virtual-stages", type=_positive_ints, default=_SPACE.virtual_stages,
+                      help="interleaved virtual stages to search, e.g. 1,2 (1,2,4)")
+    plan.add_argument("--context-parallel", type=_positive_ints, default=_SPACE.cp,
+                      help="context-parallel degrees to search, e.g. 1,4,16 (1: none)")
+    plan.add_argument("--expert-parallel", type=_positive_ints, default=_SPACE.ep,
+                      help="expert-parallel degrees to search, carved from dp, e.g. 1,8 (1: "
+                           "none; needs --experts); its all-to-alls are unvalidated")
+    plan.add_argument("--pipeline-parallel", type=_positive_ints, default=_SPACE.pp,
+                      help="pipeline depths to search, e.g. 1,2 (default: every divisor)")
+    plan.add_argument("--experts", type=int, help="experts per MoE layer (default: a dense "
+                                                  "model), e.g. 8")
+    plan.add_argument("--top-k", type=int, help="experts each token runs (with --experts; 2)")
+    plan.add_argument("--expert-mlp", type=int,
+                      help="hidden width of one gated expert MLP (with --experts), e.g. 14336")
+    plan.add_argument("--moe-layers", type=int,
+                      help="layers with experts (with --experts; default: every layer)")
+    plan.add_argument("--capacity-factor", type=float,
+                      help="expert capacity factor of the dispatch buffers (with --experts; 1)")
+    plan.add_argument("--zero", type=_zero_stages, default=_SPACE.zero_stages,
+                      help="ZeRO stages to search, e.g. 1,3 (0,1,2,3; 0 alone when dp = 1)")
+    plan.add_argument("--bytes-per-token", type=float, default=4.0,
+                      help="bytes read from storage per token (4)")
+    plan.add_argument("--gpu", default="H100", help="GPU name in clusterlab.catalog.hardware (H100)")
+    plan.add_argument("--gpus", type=int, help="GPUs in the cluster")
+    plan.add_argument("--gpus-per-node", type=int, default=8)
+    plan.add_argument("--node-link", help="node interconnect in clusterlab.catalog.hardware.LINKS "
+                                          "(default: the GPU's NVLink)")
+    plan.add_argument("--fabric", default="IB-NDR", help="fabric link per NIC (IB-NDR)")
+    plan.add_argument("--nics-per-node", type=int, help="fabric NICs per node (one per GPU)")
+    plan.add_argument("--storage-gb-s", type=float, default=20.0,
+                      help="shared storage read throughput in GB/s (20)")
+    plan.add_argument("--efficiency", type=float, default=None,
+                      help="fraction of peak FLOP/s of every kernel (default: the library's "
+                           "compute model, per GEMM)")
+    plan.add_argument("--no-overlap", action="store_true",
+                      help="reduce the gradients after the backward pass, none hidden "
+                           "(default: in buckets during the last micro-batch's backward pass, "
+                           "Megatron's overlap_grad_reduce)")
+    plan.add_argument("--bucket-params", type=int, default=None,
+                      help="parameters per gradient bucket (default: Megatron's "
+                           "max(4e7, 1e6 x dp))")
+    plan.add_argument("--reserve", type=float, default=0.1,
+                      help="fraction of GPU memory kept free for workspace (0.1)")
+    plan.add_argument("--top", type=int, default=10, help="layouts to show (10)")
+
+
+def _integers(text: str, what: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(v) for v in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{what} are comma-separated integers, e.g. 1,2,4; "
+                                         f"got {text!r}") from None
+    return values
+
+
+def _positive_ints(text: str) -> tuple[int, ...]:
+    values = _integers(text, "sizes")
+    if any(v < 1 for v in values):
+        raise argparse.ArgumentTypeError(f"sizes must be positive, e.g. 1,2,4; got {text!r}")
+    return values
+
+
+def _zero_stages(text: str) -> tuple[int, ...]:
+    values = _integers(text, "ZeRO stages")
+    if any(v not in _SPACE.zero_stages for v in values):
+        raise argparse.ArgumentTypeError(f"ZeRO stages are among 0,1,2,3; got {text!r}")
+    return values
+
+
+def _policies(text: str) -> tuple[str, ...]:
+    values = tuple(text.split(","))
+    known = RECOMPUTE_POLICIES
+    if any(v not in known for v in values):
+        raise argparse.ArgumentTypeError(f"recomputation policies are among {','.join(known)}; "
+                                         f"got {text!r}")
+    return values
+
+
+def _moe(args: argparse.Namespace) -> plan.MoE | None:
+    """The --experts options as a plan.MoE (None without --experts)."""
+    extra = {"--top-k": args.top_k, "--expert-mlp": args.expert_mlp,
+             "--moe-layers": args.moe_layers, "--capacity-factor": args.capacity_factor}
+    if args.experts is None:
+        given = [flag for flag, value in extra.items() if value is not None]
+        if given:
+            raise ValueError(f"{', '.join(given)} describe experts: give --experts too (the "
+                             f"number of experts per MoE layer), or drop them for a dense model.")
+        return None
+    if args.expert_mlp is None:
+        raise ValueError("--experts needs --expert-mlp, the hidden width of one expert MLP "
+                         "(Mixtral 8x7B: 14336).")
+    return plan.MoE(args.experts, 2 if args.top_k is None else args.top_k, args.expert_mlp,
+                    n_moe_layers=args.moe_layers,
+                    capacity_factor=1.0 if args.capacity_factor is None
+                    else args.capacity_factor)
+
+
+def _plan(args: argparse.Namespace) -> None:
+    workload = plan.Workload(
+        args.params, args.seq_len, args.batch, n_tokens=args.tokens,
+        time_budget_s=None if args.budget_days is None else args.budget_days * 86400,
+        n_layers=args.layers, d_model=args.d_model, bytes_per_token=args.bytes_per_token,
+        moe=_moe(args))
+    space = plan.SearchSpace(micro_batches=args.micro_batches,
+                             virtual_stages=args.virtual_stages,
+                             recompute=args.recompute or RECOMPUTE_POLICIES,
+                             zero_stages=args.zero, cp=args.context_parallel,
+                             ep=args.expert_parallel, pp=args.pipeline_parallel)
+    assumptions = plan.Assumptions(compute_efficiency=args.efficiency,
+                                   overlap_grad_reduce=not args.no_overlap,
+                                   grad_bucket_params=args.bucket_params,
+                                   activation_reserve=args.reserve)
+    if args.gpus is None:
+        if args.budget_days is None or args.tokens is None:
+            raise ValueError("Give --gpus, or --tokens and --budget-days to size the cluster.")
+        design = plan.cluster(args.gpu, args.gpus_per_node,
+                              storage_read_bytes_per_s=args.storage_gb_s * 1e9,
+                              gpus_per_node=args.gpus_per_node, node_link=args.node_link,
+                              fabric_link=args.fabric, nics_per_node=args.nics_per_node)
+        sized = plan.gpus_needed(workload, design, assumptions)
+        print(f"# {sized.hardware.n_gpus} GPUs needed (whole nodes, a power of two of them)")
+        cluster = sized.hardware
+    else:
+        cluster = plan.cluster(args.gpu, args.gpus,
+                               storage_read_bytes_per_s=args.storage_gb_s * 1e9,
+                               gpus_per_node=args.gpus_per_node, node_link=args.node_link,
+                               fabric_link=args.fabric, nics_per_node=args.nics_per_node)
+    result = plan.search_layouts(workload, cluster, assumptions, space=space, limit=args.top)
+    print(plan.describe_plan(result.plans[0]))
+    print(f"# the {len(result.plans)} fastest layouts that fit; seconds per step")
+    print(plan.format_plans(result.plans))
+    print(plan.format_refusals(result))
+
+
+def _bench(args: argparse.Namespace) -> None:
+    from clusterlab.device import bench, devices  # JAX: only this subcommand runs devices
+
+    if args.largest < args.smallest:
+        raise ValueError(f"--max ({args.largest} B) is smaller than --min ({args.smallest} B).")
+    used = devices.setup(args.devices)
+    mesh = devices.mesh((args.devices,), ("devices",), used)
+    sizes = bench.message_sizes(args.smallest, args.largest, args.factor)
+    rows = bench.sweep(args.op, sizes, mesh, "devices", implementation=args.implementation,
+                       dtype=args.dtype, warmup=args.warmup, repeats=args.repeats)
+    print(f"# {args.op} ({args.implementation}) on {args.devices} x {used[0].platform} "
+          f"{used[0].device_kind}; time is the median of {args.repeats}, spread the IQR")
+    print(bench.format_table(rows))
+    ceiling = bench.memcpy_bandwidth()
+    if used[0].platform == "cpu":
+        print(f"# host memcpy: {64 * 2**20 / ceiling.median_s / 1e9:.2f} GB/s "
+              "(the ceiling for simulated devices)")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        if args.command == "grade":
+            from clusterlab.course import grading  # the grader's sandbox and notebook packages
+
+            return grading.main(args.submissions, key_dir=args.key, timeout_s=args.timeout)
+        if args.command == "bench":
+            _bench(args)
+        elif args.command == "plan":
+            _plan(args)
+        elif args.command == "expect":
+            _expect(args)
+        sys.stdout.flush()
+    except ValueError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    except BrokenPipeError:
+        # The reader went away (`... | head`): say nothing more. Python would flush stdout again
+        # at exit and print a traceback, so point stdout at /dev/null first.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

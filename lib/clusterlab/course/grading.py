@@ -1,0 +1,699 @@
+"""Grading lab exercises from an instructor-only key, outside the submission's reach.
+
+A lab's exercise cells record answers with :func:`clusterlab.course.check.answer` and carry no
+expected value. The expected values, tolerances and hints live in a key, ``keys/labNN.py`` at
+the repository root, which student copies leave out (``make student`` writes notebooks only).
+A key is a Python module with one dictionary, ``KEY``, from exercise id to :class:`Exercise`::
+
+    from clusterlab.analytic import costmodel
+    from clusterlab.course import grading
+
+    KEY = {
+        # a value: expected from library calls, compared within a relative tolerance
+        "lab01.1": grading.close(costmodel.collective_steps_and_bytes("all_gather", 2**24, 8)[1],
+                                 name="bytes sent per device", hint="Count the blocks."),
+        # a value the lab itself computes: a recipe of the lab's namespace, evaluated in the
+        # INSTRUCTOR's copy of the lab (labs/NN-*.ipynb), never in the submission
+        "lab03.1": grading.close(lambda ns: costmodel.data_parallel_bytes_per_step(
+                                     ns["n_params"], 2, 16), name="bytes", hint="..."),
+        # a function the student wrote (an assignment): exported by the submission's kernel for
+        # the shapes and device counts of ``exports``, judged here on the rehydrated programs
+        "lab00.3": grading.code(check_global_max, name="global maximum", hint="...",
+                                exports=[grading.Export(args=[((64,), "float32")])]),
+    }
+
+How a submission is graded (:func:`grade_notebook`, ``python -m clusterlab grade``):
+
+1. The grader copies the submission into a temporary folder and runs it, cell by cell, errors
+   allowed, in a sandbox (:mod:`clusterlab.course.sandbox`: bubblewrap, no network, no keys, no other
+   submission, CPU-time, memory, process and wall-clock limits). The kernel is told no key path:
+   ``check.answer`` there only records.
+2. Its last cell, added by the grader, calls :func:`clusterlab.course.submission.report` with a request
+   ``{exercise id: [export request, ...]}``: the ids to hand over and, for a code exercise, each
+   :class:`Export` (``wrap``, ``n_devices``, ``args`` as shapes and dtypes, ``axis``) and nothing
+   else (no expected value, seed or path). The kernel writes DATA: each recorded value as JSON
+   (numbers, strings, lists, arrays with dtype and shape, a blank), each recorded function as
+   its ``jax.export`` StableHLO bytecode per export.
+3. This process, with its own ``clusterlab`` and its own keys, reads that file, rebuilds each
+   program as a :class:`Program` (refusing effects and custom calls other than sharding
+   markers), and judges every exercise of the key. Recipes of the lab's namespace are evaluated
+   once per grading run in the instructor's copy of the lab (:func:`reference_values`).
+
+Whatever the submission runs (a replaced ``judge_all``, a patched ``check``, ``numpy`` or
+``jax``, a printed verdict line) changes only the data it hands over, never how it is judged.
+
+Writing an assignment (labs 03-06 follow lab 02's ``lab02.3``/``lab02.4``): the student writes a
+function ``f(*blocks, axis_name)`` that runs inside ``shard_map``; the key declares
+``grading.code(checker, name=..., hint=..., exports=[Export(wrap="shard_map", n_devices=n,
+args=[(shape, dtype), ...]) for each hidden case])``; the kernel exports
+``shard_map(lambda *b: f(*b, axis), mesh=1-D mesh of the first n devices named axis,
+in_specs=P(axis) for every input, out_specs=P(axis))``; ``checker(programs)`` receives one
+:class:`Program` per export, in order: call it on the grader's own random inputs
+(``program(*arrays)`` places them on the grader's mesh of ``n_devices``), compare with a
+reference (:func:`require_close`), and read its collectives (:meth:`Program.collectives`,
+:func:`require_collectives`); raise :class:`Refused` naming the failed test and a hint.
+
+Why not otter-grader or nbgrader: both keep their tests in notebook cells of their own format
+and generate the student and autograder copies from it, which duplicates the book's gated
+``solution-start``/``-end`` exercises and the stored outputs nbval compares; nbgrader adds a
+database and Jupyter server extensions, otter-grader runs its grading in Docker by default.
+Neither inspects a compiled JAX program.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import importlib.util
+import io
+import json
+import os
+import re
+import sys
+import tempfile
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+
+from clusterlab.course import answers, sandbox, submission, verification
+from clusterlab.device import hlo
+
+KEYS_ENV = "CLUSTERLAB_KEYS"
+_KEY_FILE = re.compile(r"^lab(\d\d)\.py$")
+_LAB_IN_NAME = re.compile(r"(?:^|[^0-9])(\d\d)-")
+# custom calls a shard_map or a sharding constraint lowers to; any other target in a submitted
+# program (a host callback, a registered FFI handler) would run code of its choosing here
+_SAFE_CUSTOM_CALLS = re.compile(r"^(Sharding|SPMDFullToShardShape|SPMDShardToFullShape|"
+                                r"xla\.sdy\.[A-Za-z_]+)$")
+_CUSTOM_CALL = re.compile(r'custom_call\s*@([\w.$-]+)|call_target_name\s*=\s*"([^"]*)"')
+
+
+class Refused(Exception):
+    """A code checker's reason for refusing a student's function (shown in the ✗ line)."""
+
+
+@dataclass(frozen=True)
+class Export:
+    """One program a code exercise asks the submission's kernel to export.
+
+    Attributes:
+        args: the inputs' (shape, dtype), e.g. ``[((64,), "float32")]``; for
+            ``wrap="shard_map"`` the GLOBAL shapes, split along dimension 0 over the devices.
+        n_devices: the devices the program runs on (for ``"jit"``, those of the mesh the
+            student's function builds itself).
+        wrap: ``"jit"`` exports the function as it is; ``"shard_map"`` exports
+            ``function(*blocks, axis)`` inside ``shard_map`` over ``n_devices`` devices.
+        axis: the mesh axis name of ``"shard_map"``.
+    """
+
+    args: Sequence[tuple[Sequence[int], str]]
+    n_devices: int = 8
+    wrap: Literal["jit", "shard_map"] = "jit"
+    axis: str = "ring"
+
+    def request(self) -> dict:
+        """The request the kernel receives: shapes and device counts only."""
+        return {"wrap": self.wrap, "n_devices": self.n_devices, "axis": self.axis,
+                "args": [[list(shape), str(dtype)] for shape, dtype in self.args]}
+
+
+@dataclass(frozen=True)
+class Exercise:
+    """One exercise of a key.
+
+    Attributes:
+        name: what the answer is, for the verdict line ("bytes sent per device").
+        judge: ``judge(answer, expected) -> (passed, line)``; ``answer`` as the grader rebuilt
+            it from the kernel's data (a value, or a list of :class:`Program`), ``expected``
+            the resolved expected value (None for a code exercise).
+        expected: the expected value, or a recipe ``expected(namespace)`` of the lab's globals.
+        exports: for a code exercise, the programs to export.
+    """
+
+    name: str
+    judge: Callable[[object, object], tuple[bool, str]]
+    expected: object = None
+    exports: tuple[Export, ...] = field(default=())
+
+    @property
+    def is_recipe(self) -> bool:
+        """Whether the expected value is a recipe of the lab's namespace."""
+        return callable(self.expected)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The verdict on one exercise: its id, whether it passed, and its one-line message."""
+
+    exercise_id: str
+    passed: bool
+    line: str
+
+
+def close(expected, *, name: str, hint: str = "", rtol: float = 1e-3,
+          atol: float = 0.0) -> Exercise:
+    """A value exercise compared within a tolerance (:func:`clusterlab.course.answers.close_verdict`).
+
+    Args:
+        expected: the value, or a recipe of the lab's namespace returning it.
+        name: what the answer is.
+        hint: shown with a wrong answer: what to look at again, not the answer.
+        rtol: relative tolerance.
+        atol: absolute tolerance.
+    """
+    return Exercise(name, lambda answer, value: answers.close_verdict(
+        answer, value, rtol=rtol, atol=atol, hint=hint, name=name), expected)
+
+
+def equal(expected, *, name: str, hint: str = "") -> Exercise:
+    """An exact-value exercise (:func:`clusterlab.course.answers.equal_verdict`); ``expected`` as in
+    :func:`close`."""
+    return Exercise(name, lambda answer, value: answers.equal_verdict(
+        answer, value, hint=hint, name=name), expected)
+
+
+def code(checker: Callable[[Sequence[Program]], None], *, name: str, hint: str = "",
+         exports: Sequence[Export]) -> Exercise:
+    """A code exercise: the answer is the function the student wrote, judged as programs.
+
+    Args:
+        checker: ``checker(programs)``, one :class:`Program` per export, in order; runs them
+            on fresh inputs and inspects what they compile to; raises :class:`Refused` naming
+            the failed test. Any other exception is the student's program failing.
+        name: what the function computes.
+        hint: shown when it is refused.
+        exports: the programs the submission's kernel exports (at least one).
+
+    Raises:
+        ValueError: when ``exports`` is empty.
+    """
+    if not exports:
+        raise ValueError(f"grading.code({name!r}) needs exports=[grading.Export(...)]: the "
+                         "shapes and device counts the submission's kernel exports.")
+
+    def judge(answer, _expected):
+        if answers.is_unanswered(answer):
+            return answers.equal_verdict(answer, None, name=name)
+        if isinstance(answer, str):                       # why there is no program
+            return False, f"✗ {name}: {answer} {hint}".rstrip()
+        try:
+            checker(answer)
+        except Refused as refusal:
+            return False, f"✗ {name}: {refusal} {hint}".rstrip()
+        except Exception as error:  # the student's program failing is a verdict, not a crash
+            return False, (f"✗ {name}: your function raised {_one_line(error)} "
+                           f"{hint}").rstrip()
+        return True, f"✓ {name} is correct."
+
+    return Exercise(name, judge, None, tuple(exports))
+
+
+def _one_line(error: BaseException) -> str:
+    message = str(error).splitlines()[0][:200] if str(error) else ""
+    return f"{type(error).__name__}: {message}"
+
+
+@dataclass(frozen=True)
+class Program:
+    """A student's function as the grader rebuilt it from the exported StableHLO.
+
+    Attributes:
+        export: what was asked for.
+        exported: the ``jax.export.Exported`` rebuilt here (its inputs are the grader's shapes).
+    """
+
+    export: Export
+    exported: object
+
+    def place(self, *args) -> list:
+        """``args`` as arrays on the grader's own mesh of ``export.n_devices`` devices."""
+        import jax  # here, not at the top: check imports this module, chapters import check
+        from jax.sharding import Mesh, NamedSharding
+        from jax.sharding import PartitionSpec as P
+
+        mesh = Mesh(np.array(jax.devices()[:self.export.n_devices]), (self.export.axis,))
+        return [jax.device_put(np.asarray(a), NamedSharding(mesh, P())) for a in args]
+
+    def __call__(self, *args):
+        """Run the program on ``args`` (host arrays) and return its output as NumPy."""
+        import jax
+
+        return jax.tree_util.tree_map(np.asarray, self.exported.call(*self.place(*args)))
+
+    def collective_ops(self, *args) -> list:
+        """The collectives the program executes on ``args`` (:class:`clusterlab.device.hlo.CollectiveOp`:
+        kind and bytes), in program order, read from the program compiled here
+        (:func:`clusterlab.device.hlo.executed_collectives` counts loop trips)."""
+        import jax
+
+        return hlo.executed_collectives(jax.jit(self.exported.call), *self.place(*args))
+
+    def collectives(self, *args) -> list[str]:
+        """The kinds (XLA opcodes) of :meth:`collective_ops`, in program order."""
+        return [op.kind for op in self.collective_ops(*args)]
+
+
+def rehydrate(data, export: Export) -> Program:
+    """Rebuild one exported program from the kernel's data, with the grader's input shapes.
+
+    Raises:
+        Refused: when the data is not a program of the kind asked for, or the program has side
+            effects or calls code outside XLA (custom calls other than sharding markers).
+    """
+    import jax
+    from jax._src import core  # ShapedArray: the avals jax.export.Exported is built from
+
+    if not isinstance(data, dict) or "mlir" not in data:
+        raise Refused(data.get("error", "no program was exported.") if isinstance(data, dict)
+                      else "no program was exported.")
+    if data.get("effects") or int(data.get("nr_devices", -1)) not in (1, export.n_devices):
+        raise Refused(f"its program was exported for {data.get('nr_devices')} devices (or with "
+                      f"side effects); it must run on {export.n_devices} without effects.")
+    outputs = tuple(core.ShapedArray(tuple(int(d) for d in shape), np.dtype(str(dtype)))
+                    for shape, dtype in data["out"])
+    in_avals = tuple(core.ShapedArray(tuple(shape), np.dtype(dtype)) for shape, dtype in
+                     export.args)
+    kept = tuple(data.get("kept", range(len(in_avals))))
+    if sorted(set(kept)) != list(kept) or any(not 0 <= int(i) < len(in_avals) for i in kept):
+        raise Refused(f"its program names inputs {list(kept)} of {len(in_avals)}.")
+    single = bool(data["single"]) and len(outputs) == 1
+    out_tree = jax.tree_util.tree_structure(0 if single else (0,) * len(outputs))
+    none_in, none_out = (None,) * len(in_avals), (None,) * len(outputs)
+    exported = jax.export.Exported(
+        fun_name="submitted", in_tree=jax.tree_util.tree_structure((tuple(in_avals), {})),
+        in_avals=in_avals, out_tree=out_tree, out_avals=outputs, _has_named_shardings=False,
+        _in_named_shardings=none_in, _out_named_shardings=none_out, in_shardings_hlo=none_in,
+        out_shardings_hlo=none_out, nr_devices=int(data["nr_devices"]), platforms=("cpu",),
+        ordered_effects=(), unordered_effects=(), disabled_safety_checks=(),
+        mlir_module_serialized=base64.b64decode(data["mlir"]),
+        calling_convention_version=int(data["version"]),
+        module_kept_var_idx=tuple(int(i) for i in kept), uses_global_constants=False,
+        _get_vjp=None)
+    targets = {a or b for a, b in _CUSTOM_CALL.findall(exported.mlir_module())}
+    unsafe = sorted(t for t in targets if not _SAFE_CUSTOM_CALLS.match(t))
+    if unsafe:
+        raise Refused(f"its program calls {', '.join(unsafe)} outside XLA, which the grader "
+                      "does not run: compute it without host callbacks or library calls.")
+    return Program(export, exported)
+
+
+def from_data(data, exports: Sequence[Export] = ()):
+    """An answer as the grader judges it, from the kernel's data (:func:`submission.to_data`):
+    arrays as NumPy, a blank as ``...``, a code exercise's programs rebuilt (:func:`rehydrate`),
+    anything the kernel could only name by type as that name."""
+    if isinstance(data, list):
+        return tuple(from_data(v) for v in data)
+    if not isinstance(data, dict):
+        return data
+    if data.get("blank"):
+        return ...
+    if "array" in data:
+        return np.asarray(data["array"], dtype=np.dtype(str(data["dtype"]))).reshape(
+            data["shape"])
+    if "dict" in data:
+        return {k: from_data(v) for k, v in data["dict"].items()}
+    if "programs" in data and exports:
+        if len(data["programs"]) != len(exports):
+            return "the kernel exported a different number of programs than asked for."
+        try:
+            return [rehydrate(p, e) for p, e in zip(data["programs"], exports)]
+        except Refused as refusal:
+            return str(refusal)
+    if exports:
+        return f"expected the function you wrote, got a {data.get('type', 'value')}."
+    return f"<{data.get('type', 'unknown')}>"
+
+
+def collective_kinds(function: Callable, *args) -> list[str]:
+    """The collectives ``function(*args)`` executes, by XLA opcode, in program order.
+
+    A :class:`Program` compiles its rebuilt StableHLO; another function is jitted first when it
+    is not (:func:`clusterlab.device.hlo.executed_collectives` counts loop trips).
+    """
+    if isinstance(function, Program):
+        return function.collectives(*args)
+    import jax
+
+    jitted = function if hasattr(function, "lower") else jax.jit(function)
+    return [op.kind for op in hlo.executed_collectives(jitted, *args)]
+
+
+def require_collectives(function: Callable, *args, includes: Iterable[str],
+                        excludes: Iterable[str] = ()) -> list[str]:
+    """Refuse ``function`` unless its compiled program runs each of ``includes`` and none of
+    ``excludes`` (XLA opcodes such as ``"all-reduce"``, ``"collective-permute"``).
+
+    Returns:
+        The executed collectives' kinds.
+
+    Raises:
+        Refused: naming what is missing or forbidden and what the program runs.
+    """
+    kinds = collective_kinds(function, *args)
+    found = ", ".join(sorted(set(kinds))) or "no collective"
+    missing = [kind for kind in includes if kind not in kinds]
+    if missing:
+        raise Refused(f"its compiled program runs {found}; it must run {', '.join(missing)}.")
+    forbidden = [kind for kind in excludes if kind in kinds]
+    if forbidden:
+        raise Refused(f"its compiled program runs {', '.join(forbidden)}, which this exercise "
+                      "asks you to build yourself.")
+    return kinds
+
+
+def require_close(test: str, actual, expected, *, hint: str = "", rtol: float = 1e-5) -> None:
+    """Refuse unless ``actual`` has ``expected``'s structure and shapes and its values within
+    ``rtol`` of each leaf's largest magnitude (:func:`clusterlab.course.verification.verify_close`).
+
+    Raises:
+        Refused: naming ``test``, the difference and the leaf (not the arrays), then ``hint``.
+    """
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):  # its ✓ line is for labs, not verdicts
+            verification.verify_close(test, actual, expected, rtol=rtol)
+    except verification.VerificationFailed as failure:
+        reason = str(failure).removeprefix("✗ ")
+        raise Refused(f"{reason}. Hint: {hint}" if hint else reason) from None
+
+
+def keys_dir() -> Path | None:
+    """Where the keys are: ``$CLUSTERLAB_KEYS`` when set (a missing folder means no key), else
+    the first ``keys/`` folder holding a ``labNN.py`` in the working directory or above it."""
+    configured = os.environ.get(KEYS_ENV)
+    if configured:
+        path = Path(configured)
+        return path if path.is_dir() else None
+    for folder in (Path.cwd(), *Path.cwd().parents):
+        candidate = folder / "keys"
+        if candidate.is_dir() and any(candidate.glob("lab[0-9][0-9].py")):
+            return candidate
+    return None
+
+
+_LOADED: dict[tuple[Path, float], dict[str, Exercise]] = {}
+
+
+def load_key(path: str | Path) -> dict[str, Exercise]:
+    """Load a key module ``labNN.py`` and return its ``KEY``.
+
+    Raises:
+        ValueError: when the file is not named ``labNN.py``, has no ``KEY`` dictionary of
+            :class:`Exercise`, or names an exercise of another lab.
+    """
+    path = Path(path).resolve()
+    match = _KEY_FILE.match(path.name)
+    if not match:
+        raise ValueError(f"A key file is named labNN.py (lab01.py); got {path.name}.")
+    stamp = (path, path.stat().st_mtime)
+    if stamp not in _LOADED:
+        spec = importlib.util.spec_from_file_location(f"clusterlab_key_{path.stem}", path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        key = getattr(module, "KEY", None)
+        if not isinstance(key, dict) or not all(isinstance(e, Exercise) for e in key.values()):
+            raise ValueError(f"{path.name} must define KEY, a dict from exercise id to "
+                             "clusterlab.course.grading.Exercise.")
+        wrong = [i for i in key if not re.fullmatch(rf"lab{match.group(1)}\.\d+", i)]
+        if wrong:
+            raise ValueError(f"{path.name} holds exercises of another lab or badly named ids: "
+                             f"{wrong}; ids look like lab{match.group(1)}.1.")
+        _LOADED[stamp] = key
+    return _LOADED[stamp]
+
+
+def find_key(exercise_id: str) -> dict[str, Exercise] | None:
+    """The key of ``exercise_id``'s lab, or None where no key is found (a student copy)."""
+    folder = keys_dir()
+    lab = exercise_id.split(".")[0]
+    if folder is None or not (folder / f"{lab}.py").is_file():
+        return None
+    return load_key(folder / f"{lab}.py")
+
+
+def _verdict(exercise_id: str, exercise: Exercise, data, expected: Callable[[], object]
+             ) -> Verdict:
+    try:
+        passed, line = exercise.judge(from_data(data, exercise.exports), expected())
+    except Exception as error:  # e.g. a name the key reads from the lab was deleted
+        passed, line = False, (f"✗ {exercise.name}: could not be graded ({_one_line(error)});"
+                               " run every cell of the lab.")
+    return Verdict(exercise_id, passed, line)
+
+
+def _exercise(key: Mapping[str, Exercise], exercise_id: str) -> Exercise:
+    if exercise_id not in key:
+        raise ValueError(f"The key has no exercise {exercise_id}; it has {sorted(key)}.")
+    return key[exercise_id]
+
+
+def judge(key: Mapping[str, Exercise], exercise_id: str, answer,
+          namespace: Mapping[str, object]) -> Verdict:
+    """Judge one answer recorded in THIS process (the instructor's lab, a test): exported and
+    rebuilt exactly as a submission's is, recipes evaluated on ``namespace``.
+
+    Raises:
+        ValueError: when the key has no such exercise.
+    """
+    exercise = _exercise(key, exercise_id)
+    data = json.loads(json.dumps(submission.export_answer(
+        answer, [e.request() for e in exercise.exports])))
+    return _verdict(exercise_id, exercise, data, lambda: (
+        exercise.expected(namespace) if exercise.is_recipe else exercise.expected))
+
+
+def judge_all(key: Mapping[str, Exercise], recorded: Mapping[str, object],
+              references: Mapping[str, object]) -> list[Verdict]:
+    """Judge EVERY exercise of the key from the kernel's data; one without a recorded answer
+    fails as unanswered.
+
+    Args:
+        key: the lab's key.
+        recorded: the kernel's data by exercise id (:func:`clusterlab.course.submission.report`).
+        references: the recipes' expected values by exercise id (:func:`reference_values`).
+    """
+    def expected(exercise_id: str, exercise: Exercise):
+        if not exercise.is_recipe:
+            return exercise.expected
+        value = references[exercise_id]
+        if isinstance(value, Refused):       # the instructor's lab could not compute it
+            raise value
+        return value
+
+    verdicts = []
+    for exercise_id, exercise in sorted(key.items(), key=lambda item: _order(item[0])):
+        if exercise_id not in recorded:
+            verdicts.append(Verdict(exercise_id, False, f"✗ {exercise.name}: no answer recorded "
+                                    f"(check.answer(\"{exercise_id}\", ...) did not run)."))
+        else:
+            verdicts.append(_verdict(exercise_id, exercise, recorded[exercise_id],
+                                     lambda i=exercise_id, e=exercise: expected(i, e)))
+    return verdicts
+
+
+def _order(exercise_id: str) -> tuple[int, int]:
+    lab, number = exercise_id.removeprefix("lab").split(".")
+    return int(lab), int(number)
+
+
+def write_references(key_path: str, out_path: str, namespace: Mapping[str, object]) -> None:
+    """Evaluate the key's recipes on ``namespace`` (the INSTRUCTOR's lab) and write their values
+    as data to ``out_path`` (the last cell :func:`reference_values` adds)."""
+    values = {}
+    for exercise_id, exercise in load_key(key_path).items():
+        if exercise.is_recipe:
+            try:
+                values[exercise_id] = submission.to_data(exercise.expected(namespace))
+            except Exception as error:  # reported as this exercise's, not the grader's, failure
+                values[exercise_id] = {"reference_error": _one_line(error)}
+    Path(out_path).write_text(json.dumps(values))
+
+
+_REFERENCES: dict[tuple, dict[str, object]] = {}
+
+
+def reference_values(key_path: Path, labs_dir: Path, timeout_s: float) -> dict[str, object]:
+    """The expected values of the key's recipes, from the instructor's copy of the lab
+    (``labs_dir/NN-*.ipynb``) run once per grading process in a trusted kernel of its own.
+
+    Returns:
+        By exercise id, the value, or a :class:`Refused` saying why it could not be computed.
+    """
+    recipes = [i for i, e in load_key(key_path).items() if e.is_recipe]
+    lab = next(iter(sorted(labs_dir.glob(f"{key_path.stem.removeprefix('lab')}-*.ipynb"))), None)
+    if not recipes or lab is None:
+        return {i: Refused(f"no instructor's lab {key_path.stem} in {labs_dir}") for i in recipes}
+    stamp = (key_path, key_path.stat().st_mtime, lab, lab.stat().st_mtime)
+    if stamp not in _REFERENCES:
+        import nbformat  # here: 2 s to import, only the grader needs it
+        from nbclient import NotebookClient
+
+        notebook = nbformat.read(lab, as_version=4)
+        with tempfile.TemporaryDirectory(prefix="clusterlab-reference-") as folder:
+            out = Path(folder) / "references.json"
+            notebook.cells.append(nbformat.v4.new_code_cell(
+                "from clusterlab.course import grading as _clusterlab_grading\n_clusterlab_grading."
+                f"write_references({str(key_path)!r}, {str(out)!r}, globals())"))
+            NotebookClient(notebook, timeout=timeout_s, allow_errors=True,
+                           resources={"metadata": {"path": str(lab.parent)}}).execute()
+            data = json.loads(out.read_text()) if out.is_file() else {}
+        _REFERENCES[stamp] = {
+            i: Refused(f"the instructor's lab did not compute it ({data[i]['reference_error']})")
+            if isinstance(data.get(i), dict) and "reference_error" in data[i]
+            else from_data(data[i]) if i in data
+            else Refused("the instructor's lab did not run to its end") for i in recipes}
+    return _REFERENCES[stamp]
+
+
+def lab_of(notebook_path: str | Path, notebook) -> str:
+    """The lab (``"lab01"``) a submission belongs to: from its file name (``01-...``), else
+    from its exercise labels (``:label: lab01-...``).
+
+    Raises:
+        ValueError: when neither names exactly one lab.
+    """
+    match = _LAB_IN_NAME.search(Path(notebook_path).name)
+    if match:
+        return f"lab{match.group(1)}"
+    labels = {m for cell in notebook.cells if cell.cell_type == "markdown"
+              for m in re.findall(r":label:\s*(lab\d\d)-", cell.source)}
+    if len(labels) != 1:
+        raise ValueError(f"{notebook_path}: cannot tell which lab it is; name it NN-*.ipynb "
+                         "like the lab it answers.")
+    return labels.pop()
+
+
+def grade_notebook(path: str | Path, *, key_dir: str | Path, timeout_s: float = 600,
+                   labs_dir: str | Path | None = None,
+                   limits: sandbox.Limits | None = None) -> list[Verdict]:
+    """Run a submitted notebook in a sandbox and judge every exercise of its lab's key here.
+
+    Cells run in order in a temporary copy of the notebook's folder; a cell that raises does
+    not stop the run, a cell running past ``timeout_s`` is interrupted. The kernel hands back
+    data only (:mod:`clusterlab.course.submission`); judging happens in this process.
+
+    Args:
+        path: the submitted ``.ipynb``.
+        key_dir: the folder of the keys.
+        timeout_s: the longest one cell may run, in seconds.
+        labs_dir: the instructor's labs, for the keys' recipes (default: ``labs/`` beside
+            ``key_dir``).
+        limits: the sandbox's limits (default :class:`clusterlab.course.sandbox.Limits`).
+
+    Returns:
+        One verdict per exercise of the key, in order.
+
+    Raises:
+        ValueError: when the notebook's lab cannot be told or has no key.
+        sandbox.SandboxUnavailable: when bubblewrap is missing.
+    """
+    import nbformat  # here, not at the top: 2 s to import, only the grader needs it
+
+    path = Path(path)
+    lab = lab_of(path, nbformat.read(path, as_version=4))
+    key_path = Path(key_dir).resolve() / f"{lab}.py"
+    if not key_path.is_file():
+        raise ValueError(f"{path.name}: no key {key_path} for {lab}.")
+    key = load_key(key_path)
+    request = {i: [e.request() for e in exercise.exports] for i, exercise in key.items()}
+    recorded, why = sandbox.run_submission(path, request, cell_timeout_s=timeout_s,
+                                           hide=[key_path.parent], limits=limits)
+    if recorded is None:
+        return _all_failed(key, why)
+    labs = Path(labs_dir) if labs_dir is not None else key_path.parent.parent / "labs"
+    return judge_all(key, recorded, reference_values(key_path, labs.resolve(), timeout_s))
+
+
+def _all_failed(key: Mapping[str, Exercise], why: str) -> list[Verdict]:
+    return [Verdict(i, False, f"✗ {key[i].name}: {why}.")
+            for i in sorted(key, key=_order)]
+
+
+def format_report(name: str, verdicts: Sequence[Verdict]) -> str:
+    """The report of one submission: one line per exercise and the total."""
+    lines = [f"{name}"]
+    lines += [f"  {v.exercise_id}  {v.line}" for v in verdicts]
+    correct = sum(v.passed for v in verdicts)
+    lines.append(f"  total: {correct}/{len(verdicts)} exercises correct")
+    return "\n".join(lines)
+
+
+def write_csv(path: str | Path, graded: Mapping[str, Sequence[Verdict]]) -> None:
+    """Write ``student,exercise,points`` rows (1 for a pass, 0 otherwise), one per exercise of
+    each submission; the student is the submission's file name without ``.ipynb``."""
+    import csv
+
+    with open(path, "w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["student", "exercise", "points"])
+        for name, verdicts in graded.items():
+            for v in verdicts:
+                writer.writerow([Path(name).stem, v.exercise_id, int(v.passed)])
+
+
+def _grader_devices(n: int = 8) -> None:
+    # the programs of code exercises run here on up to 8 devices: simulated CPUs where no
+    # accelerator is, sized before JAX's first operation (as devices.setup does, silently)
+    import jax
+
+    from clusterlab.device import devices
+
+    if not devices._backends_initialized():
+        jax.config.update("jax_num_cpu_devices", n)
+
+
+def main(submissions: Sequence[str], *, key_dir: str, timeout_s: float,
+         csv_path: str | None = None, limits: sandbox.Limits | None = None) -> int:
+    """Grade each submission and print its report (and with ``csv_path``, the points as CSV).
+
+    Args:
+        submissions: the notebooks.
+        key_dir: the folder of the keys.
+        timeout_s: the longest one cell may run, in seconds.
+        csv_path: where to write ``student,exercise,points`` (:func:`write_csv`), if anywhere.
+        limits: each submission's sandbox limits (default :class:`clusterlab.course.sandbox.Limits`).
+
+    Returns:
+        0 when every exercise of every submission passed, 1 when any failed, 2 when a
+        submission could not be graded at all (no such file, unknown lab, no key, no sandbox).
+    """
+    if not Path(key_dir).is_dir():
+        print(f"error: no key folder {key_dir}; pass --key with the folder of labNN.py files.",
+              file=sys.stderr)
+        return 2
+    _grader_devices()
+    status, graded = 0, {}
+    for name in submissions:
+        try:
+            if not Path(name).is_file():
+                raise ValueError(f"{name}: no such notebook.")
+            verdicts = grade_notebook(name, key_dir=key_dir, timeout_s=timeout_s, limits=limits)
+        except (ValueError, sandbox.SandboxUnavailable) as error:
+            print(f"error: {error}", file=sys.stderr)
+            status = 2
+            continue
+        graded[name] = verdicts
+        print(format_report(name, verdicts), flush=True)
+        if not all(v.passed for v in verdicts) and status == 0:
+            status = 1
+    if csv_path:
+        write_csv(csv_path, graded)
+    return status
+
+
+
+def cli(argv: Sequence[str]) -> int:
+    """``make grade``'s command line: ``SUBMISSION... --key KEYS [--csv FILE] [--timeout S]``
+    (``python -m clusterlab grade`` without ``--csv``); returns :func:`main`'s status."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="make grade")
+    parser.add_argument("submissions", nargs="+")
+    parser.add_argument("--key", required=True, help="the folder of the labNN.py keys")
+    parser.add_argument("--csv", help="write student,exercise,points rows to this file")
+    parser.add_argument("--timeout", type=float, default=600, help="seconds per cell")
+    arguments = parser.parse_args(argv)
+    return main(arguments.submissions, key_dir=arguments.key, timeout_s=arguments.timeout,
+                csv_path=arguments.csv)

@@ -1,0 +1,160 @@
+"""Running one submitted notebook in a sandbox: Debian's bubblewrap and resource limits.
+
+:func:`run_submission` copies the notebook alone into a temporary folder and runs
+``python -m clusterlab.course.submission`` on it (:mod:`clusterlab.course.submission`) as the unprivileged
+user ``nobody`` inside ``bwrap``: the whole file system read-only, the folders in ``hide``
+(the keys, the submissions' folders, the instructor's home) replaced by empty ones, its
+temporary folder the only writable place, no network (``--unshare-all``: no interface but a
+down loopback), its own process and IPC namespaces, killed with the grader. ``setrlimit``
+bounds its CPU time, address space and processes (a fork bomb stops at ``processes``), and
+the grader's timeout its wall-clock time. What it hands back is data (one JSON file).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import clusterlab
+
+_NOBODY = 65534
+_BWRAP = "bwrap"
+
+
+class SandboxUnavailable(RuntimeError):
+    """bubblewrap is not installed: grading refuses to run a submission unsandboxed."""
+
+
+@dataclass(frozen=True)
+class Limits:
+    """A submission's limits.
+
+    Attributes:
+        cpu_s: CPU seconds, all threads together.
+        memory_bytes: address space (JAX on CPU reserves about 2 GB of it at start).
+        processes: processes and threads of the user ``nobody``.
+        wall_s: the whole run, wall clock (None: no limit).
+    """
+
+    cpu_s: int = 1800
+    memory_bytes: int = 16 * 2**30
+    processes: int = 512
+    wall_s: float | None = 1800
+
+
+def _limited(limits: Limits) -> list[str]:
+    # prlimit and setpriv (util-linux) as a command prefix, not a preexec_fn: the grader has JAX
+    # loaded, and running Python between fork and exec in a multithreaded process can deadlock
+    # the soft CPU limit sends SIGXCPU (the run ends with that signal's status), the hard one,
+    # a few seconds on, SIGKILL should SIGXCPU be caught
+    return ["prlimit", f"--cpu={limits.cpu_s}:{limits.cpu_s + 5}", f"--as={limits.memory_bytes}",
+            f"--nproc={limits.processes}", "--core=0", "--"]
+
+
+def _as_nobody() -> list[str]:
+    # inside the sandbox, once bwrap (as root) has laid out the mounts: RLIMIT_NPROC binds
+    # only a user other than root, and nobody cannot write the read-only binds anyway
+    return ["setpriv", f"--reuid={_NOBODY}", f"--regid={_NOBODY}", "--clear-groups", "--"]
+
+
+def _bwrap_command(work: Path, hide: Sequence[Path]) -> list[str]:
+    if shutil.which(_BWRAP) is None:
+        raise SandboxUnavailable("grading runs each submission in bubblewrap, which is not "
+                                 "installed: run tests/system_deps.sh (apt-get install "
+                                 "bubblewrap).")
+    # only what Python needs is bound, read-only: the system, the venv, the Python it was made
+    # from and the library; the repository (its keys/), the homes and every other submission
+    # are simply not there. ``hide`` empties any of them that one of those binds still holds.
+    keep = {Path(p).resolve() for p in (sys.prefix, sys.base_prefix,
+                                        Path(clusterlab.__file__).parent.parent)}
+    command = [_BWRAP, "--ro-bind", "/usr", "/usr", "--ro-bind", "/etc", "/etc", "--dev", "/dev",
+               "--proc", "/proc", "--tmpfs", "/tmp"]
+    for link in ("bin", "lib", "lib64", "sbin"):
+        target = Path("/", link)
+        if target.is_symlink():
+            command += ["--symlink", os.readlink(target), str(target)]
+        elif target.is_dir():
+            command += ["--ro-bind", str(target), str(target)]
+    for folder in sorted(keep):
+        command += [*_crossable_parents(folder), "--ro-bind", str(folder), str(folder)]
+    for folder in sorted({Path(h).resolve() for h in hide}):
+        if any(folder.is_relative_to(k) for k in keep):
+            command += ["--tmpfs", str(folder)]
+    return command + [*_crossable_parents(work), "--bind", str(work),
+                      str(work), "--unshare-net", "--unshare-pid", "--unshare-ipc",
+                      "--unshare-uts", "--unshare-cgroup-try", "--die-with-parent",
+                      "--new-session", "--chdir", str(work), "--setenv", "HOME", str(work),
+                      "--setenv", "CLUSTERLAB_KEYS", "/nonexistent", "--setenv", "MPLBACKEND",
+                      "Agg", *_as_nobody()]
+
+
+def _crossable_parents(folder: Path) -> list[str]:
+    # bwrap makes a bind's missing parents with mode 0700, which nobody could not cross
+    parents = [p for p in reversed(folder.parents) if p != Path("/")]
+    return [arg for parent in parents for arg in ("--perms", "0755", "--dir", str(parent))]
+
+
+def run_submission(notebook: Path, request: Mapping[str, object], *, cell_timeout_s: float,
+                   hide: Sequence[Path] = (), limits: Limits | None = None
+                   ) -> tuple[dict | None, str]:
+    """Run one submission sandboxed and read back the data its last cell wrote.
+
+    Args:
+        notebook: the submitted ``.ipynb`` (copied; the original is never seen by it).
+        request: ``{exercise id: [export request, ...]}`` for :func:`submission.report`.
+        cell_timeout_s: the longest one cell may run.
+        hide: folders it must not see besides the notebook's own and the home folder.
+        limits: its limits (default :class:`Limits`).
+
+    Returns:
+        ``(data, "")``, or ``(None, why)``: one line saying how the submission ended.
+
+    Raises:
+        SandboxUnavailable: when bubblewrap is missing.
+    """
+    limits = limits or Limits()
+    with tempfile.TemporaryDirectory(prefix="clusterlab-grade-") as folder:
+        work = Path(folder) / "work"
+        work.mkdir()
+        copy = work / Path(notebook).name
+        shutil.copyfile(notebook, copy)
+        (work / "request.json").write_text(json.dumps(request))
+        out = work / "answers.json"
+        for path in (work, copy, work / "request.json"):
+            os.chown(path, _NOBODY, _NOBODY)
+        os.chmod(Path(folder), 0o755)
+        command = _limited(limits) + _bwrap_command(work, [*hide, Path(notebook).resolve().parent]) + [
+            sys.executable, "-m", "clusterlab.course.submission", str(copy), str(work / "request.json"),
+            str(out), str(cell_timeout_s)]
+        try:
+            result = subprocess.run(command, capture_output=True,
+                                    text=True, timeout=limits.wall_s,
+                                    env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")})
+        except subprocess.TimeoutExpired:
+            return None, f"the notebook ran past its {limits.wall_s:g} s wall-clock limit"
+        if out.is_file():
+            try:
+                return json.loads(out.read_text()), ""
+            except ValueError:
+                return None, "the notebook's answers file is not JSON"
+        return None, _ended(result, limits)
+
+
+def _ended(result: subprocess.CompletedProcess, limits: Limits) -> str:
+    last = (result.stderr.strip().splitlines() or [""])[-1][:200]
+    # bwrap, the sandbox's init, exits 128 + N when its child dies of signal N
+    if result.returncode in (-signal.SIGXCPU, 128 + signal.SIGXCPU):
+        return f"the notebook ran past its CPU-time limit of {limits.cpu_s} s"
+    number = -result.returncode if result.returncode < 0 else result.returncode - 128
+    if number in signal.valid_signals():
+        return f"the notebook was killed by {signal.Signals(number).name} ({last})"
+    return (f"the notebook ended before reporting: {last.removeprefix('clusterlab: ')} "
+            f"(status {result.returncode})")

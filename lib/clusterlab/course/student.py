@@ -1,0 +1,132 @@
+"""Student copies of the labs: solutions removed, outputs cleared, no answer key.
+
+``python -m clusterlab.course.student --out student/`` (``make student``) writes one notebook per lab
+in ``labs/``. A solution is every cell from the markdown cell that opens it (a
+```` ```{solution-start} ```` directive, QuantEcon's gated format) to the markdown cell that
+closes it (```` ```{solution-end} ````), both included; text that shares a cell with those
+directives, before the opening or after the closing one, stays. Exercises and the cells where
+students write their answers stay. Code cells lose their outputs and execution counts, so the
+copy shows nothing a student has not run.
+
+The answer key stays out: the copies are notebooks only (the keys live in ``keys/labNN.py``, see
+:mod:`clusterlab.course.grading`), and a copy is refused when a cell left in it checks an exercise with
+its expected value (``check.close``/``check.equal``) instead of recording it with
+``check.answer(id, answer)``. To grade submitted copies, run them against the key:
+``python -m clusterlab grade submitted/*.ipynb --key keys`` (``make grade SUBMISSIONS=...``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from pathlib import Path
+
+import nbformat
+
+SOLUTION_START = "{solution-start}"
+SOLUTION_END = "{solution-end}"
+_END = re.compile(r"```\{solution-end\}[^\n]*\n\s*```[^\n]*(\n|$)")
+# a check that carries its expected value, in a cell a student sees
+_VISIBLE_KEY = re.compile(r"\bcheck\.(close|equal)\(")
+
+
+def strip_solutions(notebook: nbformat.NotebookNode) -> nbformat.NotebookNode:
+    """A copy of ``notebook`` without its solution cells and with code outputs cleared.
+
+    Args:
+        notebook: an nbformat v4 notebook.
+
+    Returns:
+        A new notebook; the input is left unchanged.
+
+    Raises:
+        ValueError: when a solution is opened twice, closed without being opened or never
+            closed, naming the cell.
+    """
+    copy = nbformat.from_dict(notebook)
+    kept, inside, opened_at = [], False, None
+    for index, cell in enumerate(copy.cells):
+        source = cell.source if cell.cell_type == "markdown" else ""
+        start = source.find("```" + SOLUTION_START)
+        end = _END.search(source)
+        if start >= 0 and end is not None and end.start() < start:
+            raise ValueError(f"Cell {index} closes a solution before it opens one; split it.")
+        if start >= 0 and inside:
+            raise ValueError(f"Cell {index} opens a solution inside the solution opened in "
+                             f"cell {opened_at}; close it first with {SOLUTION_END}.")
+        if end is not None and not inside and start < 0:
+            raise ValueError(f"Cell {index} closes a solution that no cell opened.")
+        if start >= 0 or end is not None:
+            # A markdown cell may carry text before the solution opens or after it closes
+            # (the next exercise): keep that text, drop the solution's.
+            before = source[:start] if start >= 0 else ""
+            after = source[end.end():] if end is not None else ""
+            inside, opened_at = end is None, index if start >= 0 else opened_at
+            text = (before.rstrip() + "\n\n" + after.lstrip()).strip()
+            if text:
+                cell.source = text
+                kept.append(cell)
+            continue
+        if not inside:
+            if cell.cell_type == "code":
+                cell.outputs, cell.execution_count = [], None
+                cell.metadata.pop("execution", None)
+            kept.append(cell)
+    if inside:
+        raise ValueError(f"The solution opened in cell {opened_at} is never closed with "
+                         f"{SOLUTION_END}.")
+    copy.cells = kept
+    return copy
+
+
+def write_student_copies(labs_dir: str | Path, out_dir: str | Path) -> list[Path]:
+    """Write a student copy of every ``*.ipynb`` in ``labs_dir`` to ``out_dir``.
+
+    Args:
+        labs_dir: the folder of the labs.
+        out_dir: where to write the copies (created if missing).
+
+    Returns:
+        The paths written, sorted.
+    """
+    labs = sorted(Path(labs_dir).glob("*.ipynb"))
+    if not labs:
+        raise ValueError(f"No notebooks (*.ipynb) in {labs_dir}.")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    for lab in labs:
+        try:
+            copy = strip_solutions(nbformat.read(lab, as_version=4))
+        except ValueError as error:
+            raise ValueError(f"{lab.name}: {error}") from None
+        for index, cell in enumerate(copy.cells):
+            if cell.cell_type == "code" and _VISIBLE_KEY.search(cell.source):
+                raise ValueError(f"{lab.name}: cell {index} of the student copy checks an "
+                                 "exercise with its expected value; record the answer with "
+                                 "check.answer(id, answer) and put the value in keys/.")
+        target = out / lab.name
+        nbformat.write(copy, target)
+        written.append(target)
+    return written
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m clusterlab.course.student",
+        description="Write student copies of the labs: solutions removed, outputs cleared.")
+    parser.add_argument("--labs", default="labs", help="folder of the labs (labs)")
+    parser.add_argument("--out", default="student", help="folder to write to (student)")
+    args = parser.parse_args(argv)
+    try:
+        written = write_student_copies(args.labs, args.out)
+    except ValueError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    print(f"Wrote {len(written)} student notebooks to {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

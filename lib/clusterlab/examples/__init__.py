@@ -1,1 +1,0 @@
-"""Programs the labs and tests run in several processes (``python -m clusterlab.launch``)."""
