@@ -13,7 +13,7 @@ def _predicted_long_cache_step_s(ns):
     def step_bytes(batch, cache_len):
         return serving.decode_step_bytes(ns["weight_bytes"], memory.kv_cache_bytes(
             ns["N_LAYERS"], ns["N_HEADS"], ns["HEAD_DIM"], cache_len, batch,
-            bytes_per_value=ns["BYTES_PER_VALUE"]))
+            bytes_per_element=ns["BYTES_PER_VALUE"]))
     bandwidth = step_bytes(1, ns["SWEEP_LEN"]) / ns["step_s"][1]
     return step_bytes(ns["SEQ_BATCH"], ns["LENGTHS"][-1]) / bandwidth
 
@@ -21,7 +21,7 @@ def _predicted_long_cache_step_s(ns):
 KEY = {
     "lab11.1": grading.close(
         memory.kv_cache_bytes(_LLAMA.n_layers, _LLAMA.n_kv_heads, _LLAMA.head_dim, 8192, 16,
-                              bytes_per_value=2) / 1e9,
+                              bytes_per_element=2) / 1e9,
         name="KV cache (GB)",
         hint="Keys and values, in every layer, for each key-value head (not each query head), "
              "position and sequence, 2 bytes each; then divide by 1e9."),

@@ -88,7 +88,7 @@ def test_cache_shapes_and_bytes_equal_formula(params, prompt, cache_len):
     assert len(cache.k) == len(cache.v) == L
     for array in (*cache.k, *cache.v):
         assert array.shape == (B, NH, length, D // NH) and array.dtype == jnp.float32
-    expected = memory.kv_cache_bytes(L, NH, D // NH, length, B, bytes_per_value=4)
+    expected = memory.kv_cache_bytes(L, NH, D // NH, length, B, bytes_per_element=4)
     assert models.param_bytes(cache) == expected
     assert models.param_bytes(decode.empty_cache(params, B, cache_len)) == expected
 
@@ -96,7 +96,7 @@ def test_cache_shapes_and_bytes_equal_formula(params, prompt, cache_len):
 @pytest.mark.parametrize("tp", [2, 4])
 def test_tensor_parallel_generate_equals_single_device(params, prompt, generated, tp):
     mesh = sub_mesh(tp, AXIS)
-    sharded = decode.shard_params(params, mesh, AXIS)
+    sharded = decode.shard_model(params, mesh, AXIS)
     assert sharded["layers"][0]["wq"].sharding.shard_shape((D, NH, D // NH)) == (D, NH // tp,
                                                                                  D // NH)
     tokens = decode.make_tp_generate(params, mesh, AXIS, n_new=N_NEW)(sharded, prompt)
@@ -106,10 +106,10 @@ def test_tensor_parallel_generate_equals_single_device(params, prompt, generated
 @pytest.mark.parametrize("tp", [2, 4])
 def test_tensor_parallel_all_reduces_per_token(params, prompt, tp):
     mesh = sub_mesh(tp, AXIS)
-    sharded = decode.shard_params(params, mesh, AXIS)
+    sharded = decode.shard_model(params, mesh, AXIS)
     logits, cache = decode.make_tp_prefill(params, mesh, AXIS)(sharded, prompt)
     assert set(devices.per_device_bytes(cache).values()) == {
-        memory.kv_cache_bytes(L, NH, D // NH, S, B, bytes_per_value=4) // tp}
+        memory.kv_cache_bytes(L, NH, D // NH, S, B, bytes_per_element=4) // tp}
     step = decode.make_tp_decode_step(params, mesh, AXIS)
     token = jnp.argmax(logits[:, -1], axis=-1).astype(jnp.int32)
     ops = hlo.compiled_collectives(step, sharded, cache, token, jnp.int32(T))
@@ -124,7 +124,7 @@ def test_tensor_parallel_all_reduces_per_token(params, prompt, tp):
 
 def test_tensor_parallel_without_all_reduce_is_caught(params, prompt, generated):
     mesh = sub_mesh(2, AXIS)
-    sharded = decode.shard_params(params, mesh, AXIS)
+    sharded = decode.shard_model(params, mesh, AXIS)
     no_g = tensor.MegatronOps(tensor.MEGATRON.copy, lambda x, axis_name: x)
     with pytest.raises(ValueError, match="already varies"):  # refused by replication checking
         decode.make_tp_generate(params, mesh, AXIS, n_new=N_NEW, ops=no_g)(sharded, prompt)
@@ -136,13 +136,13 @@ def test_tensor_parallel_without_all_reduce_is_caught(params, prompt, generated)
 def test_one_device_mesh_equals_single_device(params, prompt, generated):
     mesh = sub_mesh(1, AXIS)
     tokens = decode.make_tp_generate(params, mesh, AXIS, n_new=N_NEW)(
-        decode.shard_params(params, mesh, AXIS), prompt)
+        decode.shard_model(params, mesh, AXIS), prompt)
     np.testing.assert_array_equal(np.asarray(tokens), generated)
 
 
 def test_mesh_that_does_not_divide_heads(params):
     with pytest.raises(ValueError, match="n_heads = 4 does not divide by 8"):
-        decode.shard_params(params, sub_mesh(8, AXIS), AXIS)
+        decode.shard_model(params, sub_mesh(8, AXIS), AXIS)
     with pytest.raises(ValueError, match="n_heads = 4 does not divide by 8"):
         decode.make_tp_generate(params, sub_mesh(8, AXIS), AXIS, n_new=2)
     with pytest.raises(ValueError, match="not in the mesh"):
@@ -153,7 +153,7 @@ def test_tensor_parallel_generate_checks_the_room_in_the_cache(params, prompt):
     mesh = sub_mesh(2, AXIS)
     generate = decode.make_tp_generate(params, mesh, AXIS, n_new=S)
     with pytest.raises(ValueError, match="cache positions"):
-        generate(decode.shard_params(params, mesh, AXIS), prompt)
+        generate(decode.shard_model(params, mesh, AXIS), prompt)
 
 
 def test_input_errors(params, prompt):

@@ -28,8 +28,9 @@ from pathlib import Path
 import pytest
 
 from clusterlab.analytic import costmodel
+from clusterlab.catalog import hardware
 from clusterlab.catalog.published import nccl_tests
-from clusterlab.course import cli as cli, expect
+from clusterlab.course import cli, expect
 from conftest import run_python
 
 DATA = Path(__file__).parent / "data"
@@ -129,8 +130,9 @@ def test_expected_rows_follow_cluster_collective(capsys):
                  "--sizes", "1M,64M,1G")
     assert [r["size_bytes"] for r in rows] == [2**20, 2**26, 2**30]
     for row in rows:
-        est = costmodel.cluster_collective("all_reduce", row["size_bytes"], gpu="H100",
-                                           n_nodes=4, nic="IB-NDR", nics_per_node=8)
+        est = costmodel.cluster_collective("all_reduce", row["size_bytes"],
+                                           hardware.ClusterSpec(gpu="H100", n_nodes=4, nic="IB-NDR",
+                                                                nics_per_node=8))
         assert row["expected_busbw_gbps"] == pytest.approx(est.busbw / 1e9, abs=0.01)
         assert row["low_gbps"] < row["expected_busbw_gbps"] <= row["high_gbps"]
         assert row["algorithm"] == f"{est.algorithm}/{est.protocol}"
@@ -215,7 +217,7 @@ def test_the_band_is_not_set_by_the_fixture_itself():
     # from another source than the A100 sweep and the H200 table: the verdicts below are
     # tests, not the band judging the rows that set it.
     where = costmodel.regime("all_reduce", 2**30, 1, "NVLink")
-    table = [r for r in costmodel.validation_table("test") if r.regime == where]
+    table = [r for r in costmodel.nccl_validation_table("test") if r.regime == where]
     worst = max(table, key=lambda r: r.error)
     assert "(section Real network throughput)" not in worst.source
     assert not worst.system.startswith(("8x A100", "8x H200, NCCL_NVLS_ENABLE=0"))
@@ -230,7 +232,7 @@ def test_twenty_percent_below_expectation_is_low_on_a_validated_configuration(ca
     log = tmp_path / "low.log"
     lines = []
     for size in sizes:
-        est = costmodel.cluster_collective("all_reduce", size, gpu=gpu)
+        est = costmodel.cluster_collective("all_reduce", size, hardware.ClusterSpec(gpu=gpu))
         assert est.validated, f"{est.regime} lost its validation; pick a validated regime"
         assert est.low_busbw > 0.8 * est.busbw
         lines.append(f"{size}  {0.8 * est.busbw / 1e9:.2f}")
@@ -343,7 +345,9 @@ def test_an_unvalidated_expectation_says_so_in_every_verdict(capsys, tmp_path):
     # band is UNVALIDATED_BAND.
     size = 4 * 2**30
     for op, nodes, argv, options in UNVALIDATED:
-        est = costmodel.cluster_collective(op, size, gpu="H100", **options)
+        spec = {k: v for k, v in options.items() if k != "fabric"}
+        est = costmodel.cluster_collective(op, size, hardware.ClusterSpec(gpu="H100", **spec),
+                                           fabric=options["fabric"])
         if not est.validated:
             break
     else:

@@ -42,6 +42,7 @@ import pytest
 import scipy.sparse as sp
 
 from clusterlab.analytic import costmodel, fabric, topology
+from clusterlab.catalog import hardware
 from clusterlab.analytic.costmodel import _nccl
 
 GIB = 2**30
@@ -69,8 +70,9 @@ def _ring_s(nbytes, n, busbw):
     return 2 * (n - 1) / n * nbytes / busbw
 
 
-def _bandwidth_term(op, nbytes, **kw):
+def _bandwidth_term(op, nbytes, *, algorithm="auto", protocol="auto", **cluster):
     """cluster_collective's time without its latency: t(2S) - t(S) (latency is size-free).
+    ``cluster``: the ClusterSpec's fields.
 
     The pipeline fill is left out too: it grows with the buffer until one loop of chunks (on 16
     nodes 8 x 128 x 2 MiB, above the 1 GiB asked here), so t(2S) - t(S) would hold part of it,
@@ -78,8 +80,11 @@ def _bandwidth_term(op, nbytes, **kw):
     """
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(costmodel._model, "PIPELINE_FILL_CHUNKS", 0.0)
-        one = costmodel.cluster_collective(op, nbytes, **kw).time_s
-        two = costmodel.cluster_collective(op, 2 * nbytes, **kw).time_s
+        spec = hardware.ClusterSpec(**cluster)
+        one = costmodel.cluster_collective(op, nbytes, spec, algorithm=algorithm,
+                                           protocol=protocol).time_s
+        two = costmodel.cluster_collective(op, 2 * nbytes, spec, algorithm=algorithm,
+                                           protocol=protocol).time_s
     return two - one
 
 

@@ -14,7 +14,7 @@ V3_LAYERS, V3_HEADS, V3_HEAD_DIM, V3_DC, V3_DR = 61, 128, 128, 512, 64
 def test_mla_matches_deepseek_v2_table_1_row():
     # DeepSeek-V2 (arXiv 2405.04434) Table 1, row "MLA (Ours)": KV cache per token
     # (d_c + d_h^R) l elements, "about (9/2) d_h l" with d_c = 4 d_h and d_h^R = d_h / 2.
-    elements = memory.kv_cache_bytes(V3_LAYERS, V3_HEADS, V3_HEAD_DIM, 1, 1, bytes_per_value=1,
+    elements = memory.kv_cache_bytes(V3_LAYERS, V3_HEADS, V3_HEAD_DIM, 1, 1, bytes_per_element=1,
                                       latent_dim=V3_DC, rope_key_dim=V3_DR)
     assert elements == (V3_DC + V3_DR) * V3_LAYERS == 35_136
     assert elements == 9 / 2 * V3_HEAD_DIM * V3_LAYERS       # exact here: 576 = 4.5 * 128
@@ -39,7 +39,7 @@ def test_scaling_with_tokens_batch_and_fp8():
     one = memory.kv_cache_bytes(61, 128, 128, 1, 1, latent_dim=512, rope_key_dim=64)
     many = memory.kv_cache_bytes(61, 128, 128, 4096, 3, latent_dim=512, rope_key_dim=64)
     assert many == one * 4096 * 3
-    fp8 = memory.kv_cache_bytes(61, 128, 128, 4096, 3, bytes_per_value=1,
+    fp8 = memory.kv_cache_bytes(61, 128, 128, 4096, 3, bytes_per_element=1,
                                 latent_dim=512, rope_key_dim=64)
     assert 2 * fp8 == many
     # MLA's heads and head_dim drop out of the count.
@@ -53,7 +53,7 @@ def test_gqa_and_mqa_rows():
     assert memory.kv_cache_bytes(80, 8, 128, 1, 1) == 2 * 8 * 128 * 80 * 2 == 327_680
     assert memory.kv_cache_bytes(80, 1, 128, 1, 1) * 8 == memory.kv_cache_bytes(80, 8, 128, 1, 1)
     # FP8 halves BF16.
-    assert memory.kv_cache_bytes(80, 8, 128, 100, 2, bytes_per_value=1) * 2 == \
+    assert memory.kv_cache_bytes(80, 8, 128, 100, 2, bytes_per_element=1) * 2 == \
         memory.kv_cache_bytes(80, 8, 128, 100, 2)
 
 

@@ -122,10 +122,10 @@ def test_minimal_count_becomes_korthikanti_with_their_assumptions():
     # 16-bit values, GeLU (its input kept too: + 2 sbH), dropout (1-byte masks: 2 sbh after
     # attention and MLP, as^2 b after the softmax, and the dropped-out softmax, 2 as^2 b)
     s, b, h, a = 2048, 1, 12288, 96
-    ours = memory.transformer_block_activation_bytes(s, b, h, a, 4 * h, bytes_per_value=2)
+    ours = memory.transformer_block_activation_bytes(s, b, h, a, 4 * h, bytes_per_element=2)
     gelu_input, masks = 2 * s * b * 4 * h, 2 * s * b * h + 3 * a * s * s * b
     assert ours + gelu_input + masks == memory.transformer_layer_activation_bytes(s, b, h, a)
-    ours_sel = memory.transformer_block_activation_bytes(s, b, h, a, 4 * h, bytes_per_value=2,
+    ours_sel = memory.transformer_block_activation_bytes(s, b, h, a, 4 * h, bytes_per_element=2,
                                                          recompute="selective")
     assert ours_sel + gelu_input + 2 * s * b * h == memory.transformer_layer_activation_bytes(
         s, b, h, a, recompute="selective")

@@ -71,8 +71,9 @@ def test_ll_is_capped_per_architecture_and_node_count():
     assert ll.bandwidth_gbps == pytest.approx(20.4 * n / (2 * (n - 1)))
     # So NCCL cannot run ring/LL at 60-79 GB/s busbw on 4 DGX H100 (the old model's Fig. 15).
     for size in (8 * MIB, 25 * MIB):
-        est = costmodel.cluster_collective("all_reduce", size, gpu="H100", n_nodes=4,
-                                           nic="IB-NDR", nics_per_node=8)
+        est = costmodel.cluster_collective("all_reduce", size,
+                                           hardware.ClusterSpec(gpu="H100", n_nodes=4, nic="IB-NDR",
+                                                                nics_per_node=8))
         assert (est.algorithm, est.protocol) != ("ring", "LL")
 
 
@@ -82,10 +83,13 @@ def test_tree_is_capped_per_channel_not_at_80_gbps():
     topo = _topo("H100", n_nodes=4, nic="IB-NDR", nics_per_node=8)
     tree = _tuned(topo, "all_reduce", "tree", "Simple")
     assert tree.bandwidth_gbps == pytest.approx(min(0.92 * 8 * 48, 8 * 36.0) / 2)
-    forced = costmodel.cluster_collective("all_reduce", 2 * GIB, gpu="H100", n_nodes=4,
-                                          nic="IB-NDR", nics_per_node=8, algorithm="tree")
-    auto = costmodel.cluster_collective("all_reduce", 2 * GIB, gpu="H100", n_nodes=4,
-                                        nic="IB-NDR", nics_per_node=8)
+    forced = costmodel.cluster_collective("all_reduce", 2 * GIB,
+                                          hardware.ClusterSpec(gpu="H100", n_nodes=4, nic="IB-NDR",
+                                                               nics_per_node=8),
+                                          algorithm="tree")
+    auto = costmodel.cluster_collective("all_reduce", 2 * GIB,
+                                        hardware.ClusterSpec(gpu="H100", n_nodes=4, nic="IB-NDR",
+                                                             nics_per_node=8))
     # The old rules made forcing the tree 4.5x slower at 2 GiB; now well under 2x.
     assert forced.time_s / auto.time_s < 2.0
 
@@ -93,37 +97,44 @@ def test_tree_is_capped_per_channel_not_at_80_gbps():
 def test_nvls_tree_on_two_nodes_passes_the_nic_line_rate():
     # "Handle 2 node case of NVLSTree": interBw x 2. busbw = 8 channels x min(48 x .85 x 7/8 x 2,
     # 2 x 48, perChMaxNVLSTreeBw 57.7) = 461.6 GB/s, above the NICs' 8 x 50 = 400.
-    est = costmodel.cluster_collective("all_reduce", 16 * GIB, gpu="H100", n_nodes=2,
-                                       nic="IB-NDR", nics_per_node=8)
+    est = costmodel.cluster_collective("all_reduce", 16 * GIB,
+                                       hardware.ClusterSpec(gpu="H100", n_nodes=2, nic="IB-NDR",
+                                                            nics_per_node=8))
     assert est.algorithm == "nvls_tree"
     assert est.busbw / 1e9 == pytest.approx(8 * 57.7, rel=0.01)
     assert est.busbw > 8 * 50e9
     # Exercise 5 of chapter 04: two nodes get within 25% of one NVLS server (the old rules
     # said no port count could); NVIDIA/nccl issue 1221 measured 430 GB/s (NCCL 2.19).
-    one = costmodel.cluster_collective("all_reduce", 16 * GIB, gpu="H100")
+    one = costmodel.cluster_collective("all_reduce", 16 * GIB, hardware.ClusterSpec(gpu="H100"))
     assert est.time_s / one.time_s < 1.25
 
 
 def test_nvls_on_one_node_and_nvls_tree_only_across_nodes():
-    assert costmodel.cluster_collective("all_reduce", GIB, gpu="H100").algorithm == "nvls"
-    assert costmodel.cluster_collective("all_reduce", GIB, gpu="A100").algorithm == "ring"
-    assert costmodel.cluster_collective("all_reduce", GIB, gpu="H200",
-                                        gpus_per_node=4).algorithm == "ring"
+    def picked(op, **cluster):
+        return costmodel.cluster_collective(op, GIB, hardware.ClusterSpec(**cluster)).algorithm
+
+    assert picked("all_reduce", gpu="H100") == "nvls"
+    assert picked("all_reduce", gpu="A100") == "ring"
+    assert picked("all_reduce", gpu="H200", gpus_per_node=4) == "ring"
     # NVLS all-gather is priced as algbw (no conversion, tuning.cc:375): the ring wins.
-    assert costmodel.cluster_collective("all_gather", GIB, gpu="H100").algorithm == "ring"
+    assert picked("all_gather", gpu="H100") == "ring"
     with pytest.raises(ValueError, match="does not run all_reduce with algorithm 'nvls'"):
-        costmodel.cluster_collective("all_reduce", GIB, gpu="A100", algorithm="nvls")
+        costmodel.cluster_collective("all_reduce", GIB, hardware.ClusterSpec(gpu="A100"),
+                                     algorithm="nvls")
     with pytest.raises(ValueError, match="does not run all_reduce with algorithm 'nvls'"):
-        costmodel.cluster_collective("all_reduce", GIB, gpu="H100", n_nodes=2, nic="IB-NDR",
+        costmodel.cluster_collective("all_reduce", GIB,
+                                     hardware.ClusterSpec(gpu="H100", n_nodes=2, nic="IB-NDR"),
                                      algorithm="nvls")
 
 
 def test_pat_runs_all_gather_at_one_gpu_per_node():
-    est = costmodel.cluster_collective("all_gather", 64 * 2**10, gpu="H100", n_nodes=16,
-                                       gpus_per_node=1, nic="IB-NDR", nics_per_node=1)
+    est = costmodel.cluster_collective("all_gather", 64 * 2**10,
+                                       hardware.ClusterSpec(gpu="H100", n_nodes=16, gpus_per_node=1,
+                                                            nic="IB-NDR", nics_per_node=1))
     assert est.algorithm == "pat"
     with pytest.raises(ValueError, match="algorithm 'pat'"):
-        costmodel.cluster_collective("all_gather", GIB, gpu="H100", n_nodes=2, nic="IB-NDR",
+        costmodel.cluster_collective("all_gather", GIB,
+                                     hardware.ClusterSpec(gpu="H100", n_nodes=2, nic="IB-NDR"),
                                      algorithm="pat")
 
 
@@ -132,15 +143,17 @@ def test_the_flat_ring_crosses_each_nodes_network_twice_per_all_reduce():
     # the node count, so ring busbw across nodes equals the channels' total (8 x 48), less the
     # ring's latency (2(n-1) steps: 1.9% at 16 nodes) and its pipeline fill (0.2%) at 16 GiB.
     for nodes in (2, 4, 16):
-        est = costmodel.cluster_collective("all_reduce", 16 * GIB, gpu="H100", n_nodes=nodes,
-                                           nic="IB-NDR", nics_per_node=8, algorithm="ring")
+        est = costmodel.cluster_collective("all_reduce", 16 * GIB,
+                                           hardware.ClusterSpec(gpu="H100", n_nodes=nodes,
+                                                                nic="IB-NDR", nics_per_node=8),
+                                           algorithm="ring")
         assert est.busbw / 1e9 == pytest.approx(8 * 48, rel=0.025)
         assert est.bottleneck == "network"
 
 
 def test_small_messages_pick_a_low_latency_protocol():
-    small = costmodel.cluster_collective("all_reduce", 64 * 2**10, gpu="H100")
-    large = costmodel.cluster_collective("all_reduce", GIB, gpu="H100")
+    small = costmodel.cluster_collective("all_reduce", 64 * 2**10, hardware.ClusterSpec(gpu="H100"))
+    large = costmodel.cluster_collective("all_reduce", GIB, hardware.ClusterSpec(gpu="H100"))
     assert small.protocol in ("LL", "LL128") and small.bottleneck == "latency"
     assert large.protocol == "Simple"
     assert small.time_s > costmodel.LAUNCH_OVERHEAD_S
@@ -149,18 +162,22 @@ def test_small_messages_pick_a_low_latency_protocol():
 def test_sharp_is_an_option():
     kwargs = dict(gpu="H100", n_nodes=16, nic="IB-NDR", nics_per_node=8)
     # With CollNet enabled NCCL also enables NVLS across nodes (NVLS + SHARP, tuning.cc:504).
-    sharp = costmodel.cluster_collective("all_reduce", 2**20, sharp=True, **kwargs)
+    sharp = costmodel.cluster_collective("all_reduce", 2**20,
+                                         hardware.ClusterSpec(sharp=True, **kwargs))
     assert sharp.algorithm in ("collnet_direct", "collnet_chain", "nvls")
-    forced = costmodel.cluster_collective("all_reduce", 2**20, sharp=True,
-                                          algorithm="collnet_chain", **kwargs)
+    forced = costmodel.cluster_collective("all_reduce", 2**20,
+                                          hardware.ClusterSpec(sharp=True, **kwargs),
+                                          algorithm="collnet_chain")
     assert forced.algorithm == "collnet_chain" and forced.time_s >= sharp.time_s
     with pytest.raises(ValueError, match="collnet needs sharp=True"):
-        costmodel.cluster_collective("all_reduce", 2**32, algorithm="collnet_chain", **kwargs)
+        costmodel.cluster_collective("all_reduce", 2**32, hardware.ClusterSpec(**kwargs),
+                                     algorithm="collnet_chain")
 
 
 def test_all_to_all_across_nodes_is_network_bound():
-    est = costmodel.cluster_collective("all_to_all", GIB, gpu="H100", n_nodes=4,
-                                       nic="IB-NDR", nics_per_node=8)
+    est = costmodel.cluster_collective("all_to_all", GIB,
+                                       hardware.ClusterSpec(gpu="H100", n_nodes=4, nic="IB-NDR",
+                                                            nics_per_node=8))
     assert est.algorithm == "pairwise" and est.bottleneck == "network"
     # 24/32 of each GPU's buffer leaves the node over its channel share, 8 x 48 / 8 GB/s.
     assert est.time_s == pytest.approx(24 / 32 * GIB / 48e9, rel=0.02)
@@ -174,47 +191,49 @@ def test_all_to_all_across_nodes_is_network_bound():
     (dict(algorithm="magic"), "Unknown algorithm"),
     (dict(protocol="LL64"), "Unknown protocol"),
     (dict(intra_node_link="PCIe4x16", intra_node_bytes_per_s=1e9), "not both"),
-    (dict(gpu=None), "Name the cluster"),
     (dict(op="all_to_all", algorithm="ring"), "grouped send/receive"),
     (dict(fabric="Myrinet", n_nodes=2, nic="IB-NDR"), "Unknown fabric"),
 ])
 def test_bad_input_is_named(kwargs, match):
-    args = dict(op="all_reduce", nbytes=2**20, gpu="H100") | kwargs
-    op, nbytes = args.pop("op"), args.pop("nbytes")
+    call = {"op": "all_reduce", "algorithm": "auto", "protocol": "auto", "fabric": None}
+    spec = {"gpu": "H100"}
+    for key, value in kwargs.items():
+        (call if key in call else spec)[key] = value
     with pytest.raises(ValueError, match=match):
-        costmodel.cluster_collective(op, nbytes, **args)
+        costmodel.cluster_collective(call.pop("op"), 2**20, hardware.ClusterSpec(**spec), **call)
 
 
-def test_a_spec_and_keywords_together_are_refused():
-    spec = hardware.ClusterSpec.from_node("DGX H100", n_nodes=2)
-    with pytest.raises(ValueError, match=r"not both; change the spec with dataclasses.replace"):
-        costmodel.cluster_collective("all_reduce", 2**20, spec, n_nodes=4)
-
-
-def test_the_keyword_form_is_the_spec_form():
+def test_the_cluster_is_one_spec_not_keywords():
+    # One cluster description: the keyword form (gpu=, n_nodes=, ...) is gone.
+    with pytest.raises(TypeError):
+        costmodel.cluster_collective("all_reduce", 2**20, gpu="H100")
+    with pytest.raises(TypeError):
+        costmodel.cluster_collective("all_reduce", 2**20)
     spec = hardware.ClusterSpec(gpu="H100", n_nodes=4, nic="IB-NDR", nics_per_node=4)
-    for op in ("all_reduce", "all_gather", "all_to_all"):
-        assert costmodel.cluster_collective(op, 2**26, spec) == costmodel.cluster_collective(
-            op, 2**26, gpu="H100", n_nodes=4, nic="IB-NDR", nics_per_node=4)
     assert costmodel.all_reduce_time(2**26, spec) == costmodel.cluster_collective(
         "all_reduce", 2**26, spec).time_s
 
 
 def test_a_network_rate_with_a_nic_name_keeps_the_nics_fabric():
     # ClusterSpec: network_bytes_per_s overrides nic x nics_per_node, nic names the fabric.
-    named = costmodel.cluster_collective("all_reduce", 2**30, gpu="H100", n_nodes=4,
-                                         nic="Ethernet-400G", network_bytes_per_s=400e9)
-    rate = costmodel.cluster_collective("all_reduce", 2**30, gpu="H100", n_nodes=4,
-                                        network_bytes_per_s=400e9)
+    named = costmodel.cluster_collective("all_reduce", 2**30,
+                                         hardware.ClusterSpec(gpu="H100", n_nodes=4,
+                                                              nic="Ethernet-400G",
+                                                              network_bytes_per_s=400e9))
+    rate = costmodel.cluster_collective("all_reduce", 2**30,
+                                        hardware.ClusterSpec(gpu="H100", n_nodes=4,
+                                                             network_bytes_per_s=400e9))
     assert named.time_s == rate.time_s
     assert named.regime.fabric == rate.regime.fabric == "Ethernet"
-    ib = costmodel.cluster_collective("all_reduce", 2**30, gpu="H100", n_nodes=4, nic="IB-NDR",
-                                      network_bytes_per_s=400e9)
+    ib = costmodel.cluster_collective("all_reduce", 2**30,
+                                      hardware.ClusterSpec(gpu="H100", n_nodes=4, nic="IB-NDR",
+                                                           network_bytes_per_s=400e9))
     assert ib.time_s == rate.time_s and ib.regime.fabric == "InfiniBand"
 
 
 def test_one_gpu_moves_nothing():
-    est = costmodel.cluster_collective("all_reduce", 2**20, gpu="H100", gpus_per_node=1)
+    est = costmodel.cluster_collective("all_reduce", 2**20,
+                                       hardware.ClusterSpec(gpu="H100", gpus_per_node=1))
     assert est.time_s == 0 and math.isinf(est.busbw)
 
 
@@ -272,15 +291,16 @@ def test_the_fill_never_changes_nccls_pick(monkeypatch):
     picks = {}
     for fill in (costmodel.PIPELINE_FILL_CHUNKS, 0.0):
         monkeypatch.setattr(_model, "PIPELINE_FILL_CHUNKS", fill)
-        picks[fill] = [(e.algorithm, e.protocol) for kw in clusters for op in ("all_reduce",
-                       "all_gather") for size in sizes
-                       for e in [costmodel.cluster_collective(op, size, **kw)]]
+        picks[fill] = [(e.algorithm, e.protocol) for kw in clusters
+                       for op in ("all_reduce", "all_gather") for size in sizes
+                       for e in [costmodel.cluster_collective(op, size,
+                                                              hardware.ClusterSpec(**kw))]]
     assert picks[costmodel.PIPELINE_FILL_CHUNKS] == picks[0.0]
     assert len(set(picks[0.0])) >= 5
 
 
 def _mid_errors() -> dict[str, float]:
-    table = costmodel.validation_table("test")
+    table = costmodel.nccl_validation_table("test")
     by_regime = {str(e.regime): e.median_abs for e in costmodel.validation_by_regime(table)}
     return {"1-16 MiB": costmodel.median_abs_error(table, min_bytes=MIB, max_bytes=16 * MIB),
             "1 MiB-1 GiB": costmodel.median_abs_error(table, min_bytes=MIB,
@@ -314,7 +334,7 @@ def test_set_rows_are_left_out_of_the_error_table():
     assert set_rows
     counted = sum(e.rows for e in costmodel.validation_by_regime())
     assert counted == len(nccl_tests.rows("test"))
-    assert not set_rows & {(r.system, r.size_bytes) for r in costmodel.validation_table("test")}
+    assert not set_rows & {(r.system, r.size_bytes) for r in costmodel.nccl_validation_table("test")}
 
 
 def test_large_single_node_all_reduce_is_validated_within_a_few_percent():
@@ -334,7 +354,7 @@ def test_every_regime_reports_its_rows_and_range():
 
 def test_twenty_percent_short_at_large_sizes_on_a_validated_node_is_low():
     for gpu in ("H100", "H200"):
-        est = costmodel.cluster_collective("all_reduce", 4 * GIB, gpu=gpu)
+        est = costmodel.cluster_collective("all_reduce", 4 * GIB, hardware.ClusterSpec(gpu=gpu))
         assert est.validated
         assert 0.8 * est.busbw < est.low_busbw < est.busbw
     # Negative control: the old fixed 35% margin would have called the same run normal.
@@ -342,11 +362,14 @@ def test_twenty_percent_short_at_large_sizes_on_a_validated_node_is_low():
 
 
 def test_unvalidated_regimes_say_so():
-    est = costmodel.cluster_collective("all_reduce", 4 * GIB, gpu="GB200", gpus_per_node=72)
+    est = costmodel.cluster_collective("all_reduce", 4 * GIB,
+                                       hardware.ClusterSpec(gpu="GB200", gpus_per_node=72))
     known = {e.regime for e in costmodel.validation_by_regime() if e.validated}
     assert est.validated == (est.regime in known)
-    rack = costmodel.cluster_collective("all_to_all", 4 * GIB, gpu="H100", n_nodes=4,
-                                        nic="Ethernet-400G", fabric="RoCE")
+    rack = costmodel.cluster_collective("all_to_all", 4 * GIB,
+                                        hardware.ClusterSpec(gpu="H100", n_nodes=4,
+                                                             nic="Ethernet-400G"),
+                                        fabric="RoCE")
     assert rack.regime.fabric == "RoCE"
     assert rack.validated == (rack.regime in known)
     if not rack.validated:
@@ -354,7 +377,7 @@ def test_unvalidated_regimes_say_so():
 
 
 def test_estimates_name_the_nccl_release():
-    est = costmodel.cluster_collective("all_reduce", GIB, gpu="H100")
+    est = costmodel.cluster_collective("all_reduce", GIB, hardware.ClusterSpec(gpu="H100"))
     assert est.nccl_release == costmodel.NCCL_RELEASE == _nccl.RELEASE == "2.30.7"
 
 
@@ -363,8 +386,8 @@ def test_estimates_name_the_nccl_release():
 def test_planner_uses_cluster_collective():
     hw = plan.cluster("H100", 256, storage_read_bytes_per_s=1e12)
     seconds = plan.dp_all_reduce_s(14e9, 8, 32, hw)
-    assert seconds == pytest.approx(costmodel.cluster_collective(
-        "all_reduce", 14e9, gpu="H100", n_nodes=32, nic="IB-NDR", nics_per_node=8).time_s)
+    spec = hardware.ClusterSpec(gpu="H100", n_nodes=32, nic="IB-NDR", nics_per_node=8)
+    assert seconds == pytest.approx(costmodel.cluster_collective("all_reduce", 14e9, spec).time_s)
 
 
 # --- Published rows that disagree with each other (issue 24, item 5) ----------------------------
@@ -411,7 +434,7 @@ def test_rows_that_disagree_at_the_middle_sizes():
     assert [d.kind for d in flat] == ["sweep", "sweep", "sources"]
     # The rows that disagree with their own sweep are test rows whose errors stay in the
     # 1-16 MiB median: without them it is lower, but still above 15% (issue 24's goal).
-    table = costmodel.validation_table("test")
+    table = costmodel.nccl_validation_table("test")
     odd = {(d.first.system, d.first.size_bytes) for d in found if d.kind == "sweep"}
     rest = [r for r in table if (r.system, r.size_bytes) not in odd]
     everything = costmodel.median_abs_error(table, min_bytes=MIB, max_bytes=16 * MIB)

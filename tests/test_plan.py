@@ -131,16 +131,19 @@ def test_predict_by_hand_data_parallel_only():
     assert p.compute_s == pytest.approx(64 * 1024 * flops_per_token / (16 * 989e12 * 0.5))
     grad_bytes = 2 * 1e9
     # One model behind it: cluster_collective on 2 nodes of 8 H100 with 8 NDR NICs each.
-    expected = costmodel.cluster_collective("all_reduce", grad_bytes, gpu="H100", n_nodes=2,
-                                            nic="IB-NDR", nics_per_node=8)
+    expected = costmodel.cluster_collective("all_reduce", grad_bytes,
+                                            hardware.ClusterSpec(gpu="H100", n_nodes=2,
+                                                                 nic="IB-NDR", nics_per_node=8))
     # NCCL 2.30.7 runs NVLS-tree here, not a ring: on two nodes it doubles NVLS-tree's network
     # bandwidth (tuning.cc "Handle 2 node case of NVLSTree"), so 8 channels (one per NIC, 48
     # GB/s each as NCCL's search counts a 400G NIC) reach the per-channel NVLS-tree cap of
     # Hopper on 2 nodes, 57.7 GB/s: busbw 8 x 57.7 = 462 GB/s, above the NICs' 400 GB/s line
     # rate, which no ring could pass (the forced ring gets 8 x 48 = 384 at most).
     assert (expected.algorithm, expected.protocol) == ("nvls_tree", "Simple")
-    ring = costmodel.cluster_collective("all_reduce", grad_bytes, gpu="H100", n_nodes=2,
-                                        nic="IB-NDR", nics_per_node=8, algorithm="ring")
+    ring = costmodel.cluster_collective("all_reduce", grad_bytes,
+                                        hardware.ClusterSpec(gpu="H100", n_nodes=2, nic="IB-NDR",
+                                                             nics_per_node=8),
+                                        algorithm="ring")
     assert ring.busbw < 8 * 48e9 < 8 * 50e9 < expected.busbw
     expected_dp = expected.time_s
     assert p.dp_comm_s == pytest.approx(expected_dp)
@@ -173,7 +176,8 @@ def test_predict_by_hand_tensor_and_pipeline():
     p = plan.predict(w, hw, layout, NO_OVERLAP)
     m = 32 // 2 // 2                                           # 8 micro-batches per replica
     # each tensor-parallel all-reduce (32 MiB over 8 A100 of a node) by the one model
-    one = costmodel.cluster_collective("all_reduce", 2 * 2048 * 4096 * 2, gpu="A100")
+    one = costmodel.cluster_collective("all_reduce", 2 * 2048 * 4096 * 2,
+                                       hardware.ClusterSpec(gpu="A100"))
     assert one.algorithm == "ring" and one.n_gpus == 8
     assert p.tp_comm_s == pytest.approx(m * (32 / 4) * 6 * one.time_s)   # 6 with recompute
     # slower than the line-rate ring (300 GB/s): NCCL reaches 82% of it, plus latency and the
@@ -186,8 +190,9 @@ def test_predict_by_hand_tensor_and_pipeline():
     # dp = 2 replicas of one stage are on different nodes (tp fills a node): each GPU's own
     # HDR NIC, a ring of 2 at the speed NCCL's search gives a 25 GB/s NIC, 24 GB/s (96%), plus
     # NCCL's ring latency, the launch overhead and the pipeline fill (1.4% here)
-    dp = costmodel.cluster_collective("all_reduce", 2 * 8e9 / 32, gpu="A100", n_nodes=2,
-                                      gpus_per_node=1, nic="IB-HDR")
+    dp = costmodel.cluster_collective("all_reduce", 2 * 8e9 / 32,
+                                      hardware.ClusterSpec(gpu="A100", n_nodes=2, gpus_per_node=1,
+                                                           nic="IB-HDR"))
     assert dp.algorithm == "ring" and p.dp_comm_s == pytest.approx(dp.time_s, rel=1e-9)
     assert p.dp_comm_s == pytest.approx(
         costmodel.collective_time("all_reduce", 2 * 8e9 / 32, 2, 24e9), rel=0.02)
@@ -229,7 +234,8 @@ def test_a_pcie_node_link_is_priced_as_pcie():
     w = plan.Workload(8e9, 2048, 64, n_tokens=1e9, n_layers=32, d_model=4096)
     p = plan.predict(w, pcie, plan.Layout(tp=8, dp=1), NO_OVERLAP)
     assert p.tp_estimate == costmodel.cluster_collective("all_reduce", 2048 * 4096 * 2,
-                                                         gpu="H100", intra_node_link="PCIe5x16")
+                                                         hardware.ClusterSpec(gpu="H100",
+                                                                              intra_node_link="PCIe5x16"))
     assert p.tp_estimate.regime.fabric == "PCIe"
 
 
@@ -357,8 +363,7 @@ def test_plans_say_where_the_network_model_is_unvalidated():
     assert p.dp_estimate.regime.fabric == "Ethernet"
     assert p.validated is False and p.network_model == "unvalidated"
     assert p.dp_estimate.validated is costmodel.cluster_collective(
-        "all_reduce", 14e9, gpu="H100", n_nodes=64, nic="Ethernet-100G",
-        nics_per_node=1).validated is False
+        "all_reduce", 14e9, ethernet).validated is False
     assert "unvalidated" in plan.format_plans([p]).splitlines()[1]
     assert "unvalidated (no published rows in this regime)" in plan.describe_plan(p)
     assert f"NCCL {costmodel.NCCL_RELEASE}" in plan.describe_plan(p)

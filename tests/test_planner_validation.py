@@ -44,6 +44,7 @@ import statistics
 import pytest
 
 from clusterlab.analytic import costmodel, plan
+from clusterlab.catalog import hardware
 from clusterlab.catalog.published import training_runs
 
 
@@ -61,8 +62,8 @@ BUFFER_BYTES = 4 * 2**30
 
 
 def test_ring_all_reduce_busbw_on_dgx_h100():
-    estimate = costmodel.cluster_collective("all_reduce", BUFFER_BYTES, gpu="H100",
-                                            algorithm="ring")
+    estimate = costmodel.cluster_collective("all_reduce", BUFFER_BYTES,
+                                            hardware.ClusterSpec(gpu="H100"), algorithm="ring")
     error = _error(estimate.busbw, 367.5e9)
     # Error -3.8% (353.5 GB/s): NCCL's search finds 12 ring channels of 30 GB/s on the 18
     # NVLink4 links it counts at 20.6 GB/s each (370.8), 360 GB/s, less latency, launch and
@@ -73,7 +74,8 @@ def test_ring_all_reduce_busbw_on_dgx_h100():
 
 
 def test_nvlink_sharp_all_reduce_busbw_on_dgx_h100():
-    estimate = costmodel.cluster_collective("all_reduce", BUFFER_BYTES, gpu="H100")
+    estimate = costmodel.cluster_collective("all_reduce", BUFFER_BYTES,
+                                            hardware.ClusterSpec(gpu="H100"))
     assert estimate.algorithm == "nvls"            # NCCL's choice on 8 H100 for large buffers
     error = _error(estimate.busbw, 480e9)
     # Error -1.3% (474.0 GB/s): NCCL's NVLS model, 8 channels of 40 GB/s at Hopper's NVLS

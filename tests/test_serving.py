@@ -17,9 +17,9 @@ def test_kv_cache_bytes_formula():
     per_token = memory.kv_cache_bytes(L, KV_HEADS, HEAD_DIM, 1, 1)
     assert per_token == 2 * 80 * 8 * 128 * 2 == 327_680
     assert memory.kv_cache_bytes(L, KV_HEADS, HEAD_DIM, 4096, 3) == 3 * 4096 * per_token
-    fp8 = memory.kv_cache_bytes(L, KV_HEADS, HEAD_DIM, 4096, 1, bytes_per_value=1)
+    fp8 = memory.kv_cache_bytes(L, KV_HEADS, HEAD_DIM, 4096, 1, bytes_per_element=1)
     assert fp8 == 4096 * per_token // 2
-    assert isinstance(memory.kv_cache_bytes(L, KV_HEADS, HEAD_DIM, 3, 1, bytes_per_value=0.5), int)
+    assert isinstance(memory.kv_cache_bytes(L, KV_HEADS, HEAD_DIM, 3, 1, bytes_per_element=0.5), int)
     assert memory.kv_cache_bytes(L, KV_HEADS, HEAD_DIM, 0, 8) == 0
     # Multi-head attention (64 KV heads) caches 8x what GQA with 8 KV heads does.
     mha = memory.kv_cache_bytes(L, 64, HEAD_DIM, 10, 1)
@@ -32,7 +32,7 @@ def test_kv_cache_bytes_formula():
     ((80, 8, 12.5, 1, 1), {}, "head_dim"),
     ((80, 8, 128, -1, 1), {}, "seq_len"),
     ((80, 8, 128, 1, -2), {}, "batch"),
-    ((80, 8, 128, 1, 1), {"bytes_per_value": 0}, "bytes_per_value"),
+    ((80, 8, 128, 1, 1), {"bytes_per_element": 0}, "bytes_per_element"),
 ])
 def test_kv_cache_bytes_errors(args, kwargs, match):
     with pytest.raises(ValueError, match=match):
@@ -143,7 +143,7 @@ def test_fp8_raises_the_compute_roof_only():
     ridge_fp8 = serving.hardware.ridge_point("H200", precision="fp8")
     assert fp8_b_star == pytest.approx(ridge_fp8 / 2)
     with pytest.raises(ValueError, match="FP8"):
-        serving.prefill(M, 128, gpu="A100", tp=8, precision="fp8")
+        serving.prefill_step(M, 128, gpu="A100", tp=8, precision="fp8")
 
 
 def test_prefill_flops_is_the_sum_of_decode_flops_over_positions():
@@ -157,7 +157,7 @@ def test_prefill_flops_is_the_sum_of_decode_flops_over_positions():
 
 
 def test_prefill_is_compute_bound_and_decode_memory_bound():
-    pre = serving.prefill(M, 2048, gpu="H200", tp=8)
+    pre = serving.prefill_step(M, 2048, gpu="H200", tp=8)
     assert pre.bound == "compute" and pre.communication_s > 0
     assert pre.compute_s == pytest.approx(serving.prefill_flops(M, 2048) / 8 / 989e12)
     one = serving.decode_step(M, 1, 2048, gpu="H200", tp=2)
@@ -174,7 +174,7 @@ def test_tensor_parallel_communication_is_the_costmodel_all_reduce():
     per_call = costmodel.cluster_collective("all_reduce", 16 * 8192 * 2, node).time_s
     assert step.communication_s == pytest.approx(160 * per_call)
     assert serving.tensor_parallel_all_reduce_bytes(M, 16) == 16 * 8192 * 2
-    assert serving.tensor_parallel_all_reduce_bytes(M, 16, bytes_per_value=4) == 16 * 8192 * 4
+    assert serving.tensor_parallel_all_reduce_bytes(M, 16, bytes_per_element=4) == 16 * 8192 * 4
     with pytest.raises(ValueError, match="tokens"):
         serving.tensor_parallel_all_reduce_bytes(M, 0)
 
@@ -189,7 +189,7 @@ def test_batching_raises_throughput_and_latency():
     with pytest.raises(ValueError, match="batch"):
         serving.decode_tokens_per_s(M, 0, 1024, gpu="H200", tp=4)
     with pytest.raises(ValueError, match="batch"):
-        serving.prefill(M, 1024, gpu="H200", tp=4, batch=0)
+        serving.prefill_step(M, 1024, gpu="H200", tp=4, batch=0)
 
 
 @pytest.mark.parametrize("seq_len", [0, 512])

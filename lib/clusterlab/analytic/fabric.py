@@ -1,9 +1,9 @@
 """A flow-level model of collectives on a cluster fabric: contention, routing, placement.
 
-:func:`clusterlab.analytic.costmodel.cluster_collective` assumes that every flow has its links to itself.
-This module drops that assumption. A collective becomes a chain of *steps*; each step is a set
-of concurrent *flows* (GPU ``a`` sends ``b`` bytes to GPU ``d``) over a :mod:`clusterlab.analytic.topology`
-graph:
+:func:`clusterlab.analytic.costmodel.cluster_collective` assumes that every flow has its links to
+itself. This module drops that assumption. A collective becomes a chain of *steps*; each step is a
+set of concurrent *flows* (GPU ``a`` sends ``b`` bytes to GPU ``d``) over a
+:mod:`clusterlab.analytic.topology` graph:
 
 * **Routing** (:data:`POLICIES`): a flow inside a server crosses its NVSwitch; between servers
   it climbs from its GPU's leaf switch to the lowest tier that reaches the destination's leaf,
@@ -35,8 +35,8 @@ graph:
   the pipeline's fill as latency (see :func:`steps`).
 * **For the planner**, :func:`contention_factor` divides a data-parallel all-reduce's time
   by its time with an unlimited fabric core (only NICs and NVLink limit it, as
-  :func:`clusterlab.analytic.costmodel.cluster_collective` assumes); ``clusterlab.analytic.plan.Assumptions``
-  takes it as ``dp_contention_factor``.
+  :func:`clusterlab.analytic.costmodel.cluster_collective` assumes);
+  ``clusterlab.analytic.plan.Assumptions`` takes it as ``dp_contention_factor``.
 
 Links run at line rate times their own efficiencies (``costmodel.NVLINK_EFFICIENCY`` for
 NVLink: NCCL's 20.6 of 25 GB/s per NVLink4 link; ``costmodel.NIC_EFFICIENCY`` for network

@@ -10,10 +10,10 @@ of all devices; it counts only the FLOPs the model needs, not recomputed ones.
 **The course's one MFU definition.** The model FLOPs per trained token are
 :func:`transformer_flops_per_token`, ``6N + 12 L s d_attn``: PaLM's accounting (Appendix B), the
 one most published MFU figures use, and the one every chapter, lab and the planner
-(:mod:`clusterlab.analytic.plan`) divide by the peak. It counts attention over the whole ``s x s`` score
-matrix; a causal model with a FlashAttention-style kernel skips the masked half, so it *executes*
-fewer attention FLOPs, :func:`causal_flops_per_token`. That count is for time models (how long
-a step or a prefill takes), never for MFU: at long contexts the two differ (see
+(:mod:`clusterlab.analytic.plan`) divide by the peak. It counts attention over the whole ``s x s``
+score matrix; a causal model with a FlashAttention-style kernel skips the masked half, so it
+*executes* fewer attention FLOPs, :func:`causal_flops_per_token`. That count is for time models (how
+long a step or a prefill takes), never for MFU: at long contexts the two differ (see
 :func:`mfu_convention_over_causal`), and an MFU must say which it used.
 
 All FLOP counts are plain floating-point operations (a fused multiply-add counts as 2); rates are

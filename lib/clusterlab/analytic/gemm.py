@@ -292,7 +292,8 @@ def transformer_layer_time_s(gpu: GPU, seq_len: int, micro_batch: int, d_model: 
 
 #: Bytes a logit moves through the cross-entropy, forward and backward: Megatron Core's
 #: vocabulary-parallel cross-entropy (``megatron/core/tensor_parallel/cross_entropy.py`` as of
-#: 2024: ``.float()`` on the logits first) computes in FP32 and keeps the softmax for the backward. Counted at one
+#: 2024: ``.float()`` on the logits first) computes in FP32 and keeps the softmax for the backward.
+# Counted at one
 #: fused pass each way, a lower bound: forward reads the BF16 logit and writes the FP32
 #: softmax (2 + 4), backward reads the softmax and writes the BF16 logit gradient (4 + 2).
 CROSS_ENTROPY_BYTES_PER_LOGIT = {"forward": 2 + 4, "dgrad": 4 + 2}

@@ -193,21 +193,21 @@ def transformer_layer_activation_bytes(seq_len: int, micro_batch: int, hidden: i
 
 
 def kv_cache_bytes(n_layers: int, n_kv_heads: int, head_dim: int, seq_len: int, batch: int,
-                   bytes_per_value: float = 2, *, latent_dim: int | None = None,
+                   bytes_per_element: float = 2, *, latent_dim: int | None = None,
                    rope_key_dim: int = 0) -> int:
     """Bytes of the key-value cache a decoder keeps while it generates.
 
     Every layer stores, for every token already seen and every key-value head, one key and one
     value vector of ``head_dim`` numbers, so the cache holds
-    ``2 * n_layers * n_kv_heads * head_dim * seq_len * batch * bytes_per_value`` bytes. With
+    ``2 * n_layers * n_kv_heads * head_dim * seq_len * batch * bytes_per_element`` bytes. With
     grouped-query attention (GQA) several query heads share one key-value head, so
     ``n_kv_heads`` is smaller than the number of query heads, and the cache shrinks by that
-    factor. An FP8 cache (``bytes_per_value=1``) halves a BF16 one.
+    factor. An FP8 cache (``bytes_per_element=1``) halves a BF16 one.
 
     With multi-head latent attention (MLA, DeepSeek-V2 and V3) a layer caches, per token, one
     compressed latent of ``latent_dim`` numbers (``d_c``) from which every head's key and value
     are rebuilt, plus one decoupled RoPE key of ``rope_key_dim`` numbers (``d_h^R``) shared by
-    the heads: ``(latent_dim + rope_key_dim) * n_layers * seq_len * batch * bytes_per_value``
+    the heads: ``(latent_dim + rope_key_dim) * n_layers * seq_len * batch * bytes_per_element``
     bytes, and ``n_kv_heads`` and ``head_dim`` drop out (they are still checked). DeepSeek-V3
     (61 layers, ``d_c = 512``, ``d_h^R = 64``) caches 576 numbers per token per layer where
     multi-head attention with its 128 heads of 128 would cache 32,768.
@@ -219,7 +219,7 @@ def kv_cache_bytes(n_layers: int, n_kv_heads: int, head_dim: int, seq_len: int, 
         head_dim: numbers per head (integer >= 1).
         seq_len: tokens cached per sequence, prompt plus generated so far (integer >= 0).
         batch: sequences cached (integer >= 0).
-        bytes_per_value: bytes per cached number (2 for BF16/FP16, 1 for FP8).
+        bytes_per_element: bytes per cached number (2 for BF16/FP16, 1 for FP8).
         latent_dim: ``None`` (default) for multi-head, grouped-query or multi-query attention;
             the MLA latent width ``d_c`` (integer >= 1) to count an MLA cache.
         rope_key_dim: the MLA decoupled RoPE key width ``d_h^R`` (integer >= 0); only with
@@ -231,7 +231,7 @@ def kv_cache_bytes(n_layers: int, n_kv_heads: int, head_dim: int, seq_len: int, 
         sequence.
 
     Raises:
-        ValueError: if a size is not a whole number in range, ``bytes_per_value`` is not
+        ValueError: if a size is not a whole number in range, ``bytes_per_element`` is not
             positive, or ``rope_key_dim`` is given without ``latent_dim``.
 
     References:
@@ -248,7 +248,7 @@ def kv_cache_bytes(n_layers: int, n_kv_heads: int, head_dim: int, seq_len: int, 
     dim = _checks.count("head_dim", head_dim)
     tokens = _checks.count("seq_len", seq_len, minimum=0)
     sequences = _checks.count("batch", batch, minimum=0)
-    per_value = _check_positive("bytes_per_value", bytes_per_value)
+    per_value = _check_positive("bytes_per_element", bytes_per_element)
     if latent_dim is None:
         if rope_key_dim != 0:
             raise ValueError(f"rope_key_dim={rope_key_dim!r} counts only in an MLA cache: pass "
@@ -268,18 +268,19 @@ ACTIVATION_COUNTS = ("minimal", "jax")
 
 def transformer_block_activation_bytes(seq_len: int, micro_batch: int, hidden: int,
                                        n_heads: int, mlp_hidden: int, *,
-                                       recompute: str = "none", bytes_per_value: float = 4,
+                                       recompute: str = "none", bytes_per_element: float = 4,
                                        count: str = "minimal") -> float:
     """Bytes of activations the course's transformer block keeps for its backward pass.
 
-    The block is :func:`clusterlab.device.models.transformer_block`: pre-LayerNorm, causal multi-head
-    attention, a ReLU MLP of width ``H = mlp_hidden``, fp32 (``v = bytes_per_value = 4``), no
-    dropout. With sequence length ``s``, micro-batch ``b``, hidden size ``h`` and ``a`` heads it
-    counts tensor by tensor, in one of two ways: ``count="minimal"``, what the backward pass
-    needs, as :func:`transformer_layer_activation_bytes` counts it (:func:`_minimal_block_values`
-    derives it and compares it with Korthikanti et al.'s count), or ``count="jax"``, what JAX
-    0.10.2 keeps when it differentiates the block op by op (:func:`_jax_block_values`).
-    ``recompute="full"`` keeps only the block's input, ``v sbh``, under either count.
+    The block is :func:`clusterlab.device.models.transformer_block`: pre-LayerNorm, causal
+    multi-head attention, a ReLU MLP of width ``H = mlp_hidden``, fp32 (``v = bytes_per_element =
+    4``), no dropout. With sequence length ``s``, micro-batch ``b``, hidden size ``h`` and ``a``
+    heads it counts tensor by tensor, in one of two ways: ``count="minimal"``, what the backward
+    pass needs, as :func:`transformer_layer_activation_bytes` counts it
+    (:func:`_minimal_block_values` derives it and compares it with Korthikanti et al.'s count), or
+    ``count="jax"``, what JAX 0.10.2 keeps when it differentiates the block op by op
+    (:func:`_jax_block_values`). ``recompute="full"`` keeps only the block's input, ``v sbh``, under
+    either count.
 
     Args:
         seq_len: s, tokens per sequence.
@@ -290,7 +291,7 @@ def transformer_block_activation_bytes(seq_len: int, micro_batch: int, hidden: i
             :func:`clusterlab.device.models.init_transformer_block`).
         recompute: ``"none"``, ``"selective"`` (scores and softmax recomputed) or ``"full"``
             (only the block's input kept).
-        bytes_per_value: v, bytes per activation value (4 for the course's fp32).
+        bytes_per_element: v, bytes per activation value (4 for the course's fp32).
         count: ``"minimal"`` or ``"jax"`` (see above).
 
     Returns:
@@ -299,7 +300,7 @@ def transformer_block_activation_bytes(seq_len: int, micro_batch: int, hidden: i
 
     Raises:
         ValueError: on a size that is not a positive integer, an unknown ``recompute`` or
-            ``count``, or a ``bytes_per_value`` that is not positive.
+            ``count``, or a ``bytes_per_element`` that is not positive.
 
     References:
         Korthikanti et al., "Reducing Activation Recomputation in Large Transformer Models",
@@ -312,7 +313,7 @@ def transformer_block_activation_bytes(seq_len: int, micro_batch: int, hidden: i
     h = _checks.count("hidden", hidden)
     a = _checks.count("n_heads", n_heads)
     big_h = _checks.count("mlp_hidden", mlp_hidden)
-    v = _check_positive("bytes_per_value", bytes_per_value)
+    v = _check_positive("bytes_per_element", bytes_per_element)
     if recompute not in ACTIVATION_RECOMPUTE:
         raise ValueError(f"recompute must be one of {ACTIVATION_RECOMPUTE}, got {recompute!r}.")
     if count not in ACTIVATION_COUNTS:

@@ -5,8 +5,8 @@ most ``C = ceil(capacity_factor * T * k / E)`` of the group's assignments (Switc
 capacity" times k, Fedus et al. 2021), and expert parallelism moves them in a dispatch and a
 combine all-to-all whose buffers hold ``E * C`` slots of ``D`` values per device (GShard,
 Lepikhin et al. 2021). These are NumPy-only, so the planner (:mod:`clusterlab.analytic.plan`) prices
-expert parallelism with the same functions that :mod:`clusterlab.device.parallel.experts` checks against
-a layer run on devices.
+expert parallelism with the same functions that :mod:`clusterlab.device.parallel.experts` checks
+against a layer run on devices.
 
 References:
     Lepikhin et al., "GShard: Scaling Giant Models with Conditional Computation and Automatic

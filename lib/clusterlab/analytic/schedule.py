@@ -1,7 +1,7 @@
 """Pipeline schedules: who runs which micro-batch's forward or backward pass in each time slot.
 
-Pure NumPy (no JAX), so that the book's figures (:mod:`clusterlab.course.plotting`) and the analytical
-chapters can count and draw schedules without the device code;
+Pure NumPy (no JAX), so that the book's figures (:mod:`clusterlab.course.plotting`) and the
+analytical chapters can count and draw schedules without the device code;
 :mod:`clusterlab.device.parallel.pipeline` executes them.
 
 The residual MLP is cut into ``p`` stages and the batch into ``m`` micro-batches. A *schedule*
@@ -108,9 +108,10 @@ class Schedule:
         """Seconds of one step when every slot lasts as long as its slowest stage's work.
 
         That is how :mod:`clusterlab.device.parallel.pipeline` runs it (all devices meet at each
-        slot's ``ppermute``). With ``backward_s == forward_s`` it is ``2 (m + p - 1)`` slots; GPipe's slots hold only
-        forwards or only backwards, so it costs ``(m + p - 1)(forward_s + backward_s)``, while
-        1F1B's steady state mixes them and each mixed slot costs ``backward_s``.
+        slot's ``ppermute``). With ``backward_s == forward_s`` it is ``2 (m + p - 1)`` slots;
+        GPipe's slots hold only forwards or only backwards, so it costs ``(m + p - 1)(forward_s +
+        backward_s)``, while 1F1B's steady state mixes them and each mixed slot costs
+        ``backward_s``.
 
         Args:
             forward_s: one stage's forward pass of one micro-batch (all its chunks), seconds.

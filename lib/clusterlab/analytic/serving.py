@@ -38,7 +38,7 @@ __all__ = [
     "roofline_step",
     "tensor_parallel_all_reduce_bytes",
     "prefill_flops",
-    "prefill",
+    "prefill_step",
     "decode_step",
     "decode_tokens_per_s",
     "crossover_batch",
@@ -58,8 +58,8 @@ def decode_step_bytes(param_bytes: float, kv_cache_bytes: float) -> float:
 
     The weights are read once per step and shared by every sequence of the batch; the KV cache
     is per sequence, so pass the cache of the whole batch
-    (:func:`clusterlab.analytic.memory.kv_cache_bytes` with ``batch`` sequences). Activations are small
-    beside both and left out.
+    (:func:`clusterlab.analytic.memory.kv_cache_bytes` with ``batch`` sequences). Activations are
+    small beside both and left out.
 
     Args:
         param_bytes: bytes of the model's weights (parameters times bytes per parameter, > 0).
@@ -87,8 +87,8 @@ def decode_flops_per_token(n_params: float, *, n_layers: int = 0, seq_len: int =
     Each weight does one multiply-add per token (``2 N``). Attending over ``seq_len`` cached
     tokens costs ``2 * seq_len * d_attn`` for the query-key scores and as much for the weighted
     sum of values, in each of ``n_layers`` layers: ``4 * n_layers * seq_len * d_attn`` (a third
-    of the training term of :func:`clusterlab.analytic.flops.transformer_flops_per_token`, which also
-    counts the backward pass).
+    of the training term of :func:`clusterlab.analytic.flops.transformer_flops_per_token`, which
+    also counts the backward pass).
 
     Args:
         n_params: parameters ``N`` (> 0).
@@ -239,10 +239,10 @@ class Model:
         embedding reads only its tokens' rows)."""
         return self.matmul_params * _checks.positive("bytes_per_param", bytes_per_param)
 
-    def kv_cache_bytes(self, seq_len: int, batch: int = 1, bytes_per_value: float = 2) -> int:
+    def kv_cache_bytes(self, seq_len: int, batch: int = 1, bytes_per_element: float = 2) -> int:
         """:func:`clusterlab.analytic.memory.kv_cache_bytes` for this model's layers and heads."""
         return memory.kv_cache_bytes(self.n_layers, self.n_kv_heads, self.head_dim, seq_len,
-                                     batch, bytes_per_value)
+                                     batch, bytes_per_element)
 
 
 #: Llama 3 70B: 80 layers, width 8192, 64 query heads and 8 key-value heads of 128, MLP 28672,
@@ -314,7 +314,8 @@ def roofline_step(flops: float, hbm_bytes: float, *, gpu: hardware.GPU | str, tp
     Args:
         flops: FLOPs of the whole step (>= 0).
         hbm_bytes: bytes of the whole step (>= 0).
-        gpu: a name in :data:`clusterlab.catalog.hardware.GPUS` or a :class:`~clusterlab.catalog.hardware.GPU`;
+        gpu: a name in :data:`clusterlab.catalog.hardware.GPUS` or a
+        :class:`~clusterlab.catalog.hardware.GPU`;
             its dense peak and HBM bandwidth are the two roofs.
         tp: GPUs sharing the step (integer >= 1).
         communication_s: seconds of communication on the critical path (>= 0).
@@ -344,7 +345,7 @@ def roofline_step(flops: float, hbm_bytes: float, *, gpu: hardware.GPU | str, tp
 
 
 def tensor_parallel_all_reduce_bytes(model: Model, tokens: int, *,
-                                     bytes_per_value: float = 2) -> float:
+                                     bytes_per_element: float = 2) -> float:
     """Buffer of one tensor-parallel all-reduce: the ``[tokens, d_model]`` activations.
 
     A row-parallel matmul (attention's output projection, the MLP's second matmul) leaves each
@@ -354,16 +355,16 @@ def tensor_parallel_all_reduce_bytes(model: Model, tokens: int, *,
     Args:
         model: the model (its ``d_model``).
         tokens: tokens in the step (integer >= 1).
-        bytes_per_value: bytes per activation (2 for BF16).
+        bytes_per_element: bytes per activation (2 for BF16).
 
     Returns:
-        ``tokens * d_model * bytes_per_value`` in bytes, the size nccl-tests would report.
+        ``tokens * d_model * bytes_per_element`` in bytes, the size nccl-tests would report.
 
     References:
         Shoeybi et al. 2019 (Megatron-LM), Section 3. https://arxiv.org/abs/1909.08053
     """
     tokens = _checks.count("tokens", tokens)
-    return tokens * model.d_model * _checks.positive("bytes_per_value", bytes_per_value)
+    return tokens * model.d_model * _checks.positive("bytes_per_element", bytes_per_element)
 
 
 def _tp_all_reduces_s(model: Model, tokens: int, tp: int, gpu: hardware.GPU,
@@ -374,7 +375,7 @@ def _tp_all_reduces_s(model: Model, tokens: int, tp: int, gpu: hardware.GPU,
     count = tensor_parallel_all_reduces_per_token(model.n_layers)
     if all_reduce_s is not None:
         return count * _checks.positive("all_reduce_s", all_reduce_s, allow_zero=True)
-    nbytes = tensor_parallel_all_reduce_bytes(model, tokens, bytes_per_value=bytes_per_activation)
+    nbytes = tensor_parallel_all_reduce_bytes(model, tokens, bytes_per_element=bytes_per_activation)
     # The tensor-parallel group: tp GPUs of one node, over the GPU's NVLink.
     group = hardware.ClusterSpec(gpu=gpu, n_nodes=1, gpus_per_node=tp)
     return count * costmodel.cluster_collective("all_reduce", nbytes, group).time_s
@@ -386,9 +387,10 @@ def prefill_flops(model: Model, prompt_tokens: int, *, batch: int = 1) -> float:
     Token ``i`` (1-based) attends over ``i`` tokens, so the prompt costs the sum of
     :func:`decode_flops_per_token` over ``seq_len = 1 .. T``:
     ``2 N T + 2 L d_attn T (T + 1)`` per prompt, with ``N`` the matmul parameters, which is
-    ``T`` times :func:`clusterlab.analytic.flops.causal_flops_per_token` of the forward pass. This is a
-    count of executed FLOPs for the time model, not the MFU convention
-    (:func:`clusterlab.analytic.flops.transformer_flops_per_token`), which counts attention unmasked.
+    ``T`` times :func:`clusterlab.analytic.flops.causal_flops_per_token` of the forward pass. This
+    is a count of executed FLOPs for the time model, not the MFU convention
+    (:func:`clusterlab.analytic.flops.transformer_flops_per_token`), which counts attention
+    unmasked.
 
     Args:
         model: the model.
@@ -405,19 +407,19 @@ def prefill_flops(model: Model, prompt_tokens: int, *, batch: int = 1) -> float:
     return prompts * tokens * per_token
 
 
-def prefill(model: Model, prompt_tokens: int, *, gpu: hardware.GPU | str, batch: int = 1,
-            tp: int = 1, bytes_per_param: float = 2, bytes_per_value: float = 2,
-            precision: hardware.Precision = "bf16",
-            flops_efficiency: float = 1.0, bandwidth_efficiency: float = 1.0,
-            all_reduce_s: float | None = None) -> RooflineStep:
+def prefill_step(model: Model, prompt_tokens: int, *, gpu: hardware.GPU | str, batch: int = 1,
+                 tp: int = 1, bytes_per_param: float = 2, bytes_per_element: float = 2,
+                 precision: hardware.Precision = "bf16",
+                 flops_efficiency: float = 1.0, bandwidth_efficiency: float = 1.0,
+                 all_reduce_s: float | None = None) -> RooflineStep:
     """The prefill of ``batch`` prompts: usually compute-bound.
 
     FLOPs from :func:`prefill_flops`; HBM traffic is the weights read once
     (:meth:`Model.streamed_param_bytes`) plus the KV cache written once; with ``tp > 1`` each
     of the ``2 L`` all-reduces carries the whole prompt's activations
     (``batch * prompt_tokens * d_model`` values), priced by
-    :func:`clusterlab.analytic.costmodel.cluster_collective` on one node. ``time_s`` is the time to first
-    token (TTFT) when the request does not wait in a queue.
+    :func:`clusterlab.analytic.costmodel.cluster_collective` on one node. ``time_s`` is the time to
+    first token (TTFT) when the request does not wait in a queue.
 
     Args:
         model: the model.
@@ -426,12 +428,13 @@ def prefill(model: Model, prompt_tokens: int, *, gpu: hardware.GPU | str, batch:
         batch: prompts run together (integer >= 1).
         tp: tensor-parallel GPUs inside one NVLink domain (integer >= 1).
         bytes_per_param: bytes per weight (2 for BF16).
-        bytes_per_value: bytes per cached key/value and per all-reduced activation.
+        bytes_per_element: bytes per cached key/value and per all-reduced activation.
         precision, flops_efficiency, bandwidth_efficiency: as in :func:`roofline_step`.
         all_reduce_s: seconds per tensor-parallel all-reduce, replacing the cost model's
             estimate (e.g. an assumed or measured latency of a CUDA-graphed one-shot kernel);
-            ``None`` (the default) prices each with :func:`clusterlab.analytic.costmodel.cluster_collective`,
-            whose small-message latency is fitted to an eager PyTorch benchmark.
+            ``None`` (the default) prices each with
+            :func:`clusterlab.analytic.costmodel.cluster_collective`, whose small-message latency is
+            fitted to an eager PyTorch benchmark.
 
     Returns:
         A :class:`RooflineStep` per GPU.
@@ -443,8 +446,8 @@ def prefill(model: Model, prompt_tokens: int, *, gpu: hardware.GPU | str, batch:
     tp = _checks.count("tp", tp)
     flops = prefill_flops(model, prompt_tokens, batch=batch)
     nbytes = model.streamed_param_bytes(bytes_per_param) + model.kv_cache_bytes(
-        prompt_tokens, batch, bytes_per_value)
-    comm = _tp_all_reduces_s(model, prompt_tokens * batch, tp, spec, bytes_per_value,
+        prompt_tokens, batch, bytes_per_element)
+    comm = _tp_all_reduces_s(model, prompt_tokens * batch, tp, spec, bytes_per_element,
                              all_reduce_s)
     return roofline_step(flops, nbytes, gpu=spec, tp=tp, communication_s=comm,
                          precision=precision, flops_efficiency=flops_efficiency,
@@ -452,7 +455,7 @@ def prefill(model: Model, prompt_tokens: int, *, gpu: hardware.GPU | str, batch:
 
 
 def decode_step(model: Model, batch: int, seq_len: int, *, gpu: hardware.GPU | str,
-                tp: int = 1, bytes_per_param: float = 2, bytes_per_value: float = 2,
+                tp: int = 1, bytes_per_param: float = 2, bytes_per_element: float = 2,
                 precision: hardware.Precision = "bf16",
                 flops_efficiency: float = 1.0, bandwidth_efficiency: float = 1.0,
                 all_reduce_s: float | None = None) -> RooflineStep:
@@ -463,15 +466,15 @@ def decode_step(model: Model, batch: int, seq_len: int, *, gpu: hardware.GPU | s
     :meth:`Model.streamed_param_bytes`, and the whole batch's cache); with ``tp > 1``,
     :func:`tensor_parallel_all_reduces_per_token` all-reduces of ``batch * d_model``
     activations each, priced by
-    :func:`clusterlab.analytic.costmodel.cluster_collective`. ``time_s`` is the time per output token
-    (TPOT) every sequence of the batch sees.
+    :func:`clusterlab.analytic.costmodel.cluster_collective`. ``time_s`` is the time per output
+    token (TPOT) every sequence of the batch sees.
 
     Args:
         model: the model.
         batch: sequences decoded together (integer >= 1).
         seq_len: tokens already in each sequence's cache (integer >= 0).
-        gpu, tp, bytes_per_param, bytes_per_value, precision, flops_efficiency,
-            bandwidth_efficiency, all_reduce_s: as in :func:`prefill`.
+        gpu, tp, bytes_per_param, bytes_per_element, precision, flops_efficiency,
+            bandwidth_efficiency, all_reduce_s: as in :func:`prefill_step`.
 
     Returns:
         A :class:`RooflineStep` per GPU.
@@ -485,8 +488,8 @@ def decode_step(model: Model, batch: int, seq_len: int, *, gpu: hardware.GPU | s
     flops = batch * decode_flops_per_token(model.matmul_params, n_layers=model.n_layers,
                                            seq_len=seq_len, d_attn=model.d_attn)
     nbytes = decode_step_bytes(model.streamed_param_bytes(bytes_per_param),
-                               model.kv_cache_bytes(seq_len, batch, bytes_per_value))
-    comm = _tp_all_reduces_s(model, batch, tp, spec, bytes_per_value, all_reduce_s)
+                               model.kv_cache_bytes(seq_len, batch, bytes_per_element))
+    comm = _tp_all_reduces_s(model, batch, tp, spec, bytes_per_element, all_reduce_s)
     return roofline_step(flops, nbytes, gpu=spec, tp=tp, communication_s=comm,
                          precision=precision, flops_efficiency=flops_efficiency,
                          bandwidth_efficiency=bandwidth_efficiency)
@@ -508,7 +511,7 @@ def decode_tokens_per_s(model: Model, batch: int, seq_len: int, *, gpu: hardware
 
 
 def crossover_batch(model: Model, seq_len: int, *, gpu: hardware.GPU | str,
-                    bytes_per_param: float = 2, bytes_per_value: float = 2,
+                    bytes_per_param: float = 2, bytes_per_element: float = 2,
                     precision: hardware.Precision = "bf16",
                     flops_efficiency: float = 1.0, bandwidth_efficiency: float = 1.0) -> float:
     """The batch at which a decode step turns from memory-bound to compute-bound.
@@ -525,7 +528,7 @@ def crossover_batch(model: Model, seq_len: int, *, gpu: hardware.GPU | str,
     Args:
         model: the model.
         seq_len: tokens in each sequence's cache (integer >= 0).
-        gpu, bytes_per_param, bytes_per_value, precision, flops_efficiency,
+        gpu, bytes_per_param, bytes_per_element, precision, flops_efficiency,
             bandwidth_efficiency: as in :func:`decode_step`.
 
     Returns:
@@ -539,7 +542,7 @@ def crossover_batch(model: Model, seq_len: int, *, gpu: hardware.GPU | str,
     peak, bandwidth = _roofs(spec, precision, flops_efficiency, bandwidth_efficiency)
     flops = decode_flops_per_token(model.matmul_params, n_layers=model.n_layers,
                                    seq_len=seq_len, d_attn=model.d_attn)
-    cache_s = model.kv_cache_bytes(seq_len, 1, bytes_per_value) / bandwidth
+    cache_s = model.kv_cache_bytes(seq_len, 1, bytes_per_element) / bandwidth
     margin_s = flops / peak - cache_s
     if margin_s <= 0:
         return math.inf
@@ -552,7 +555,7 @@ def _usable_bytes(spec: hardware.GPU, tp: int, usable_fraction: float) -> float:
 
 
 def max_batch(model: Model, seq_len: int, *, gpu: hardware.GPU | str, tp: int = 1,
-              bytes_per_param: float = 2, bytes_per_value: float = 2,
+              bytes_per_param: float = 2, bytes_per_element: float = 2,
               usable_fraction: float = 0.9) -> int:
     """How many sequences of ``seq_len`` tokens fit in HBM beside the weights.
 
@@ -564,7 +567,7 @@ def max_batch(model: Model, seq_len: int, *, gpu: hardware.GPU | str, tp: int = 
         seq_len: tokens each sequence may reach (integer >= 1).
         gpu: the GPU; its ``memory_bytes`` is the capacity.
         tp: GPUs holding one replica (integer >= 1).
-        bytes_per_param, bytes_per_value: as in :func:`decode_step`.
+        bytes_per_param, bytes_per_element: as in :func:`decode_step`.
         usable_fraction: share of HBM the server may fill, in (0, 1]; the rest is workspace for
             activations and the runtime. 0.9 is vLLM's default ``gpu_memory_utilization``.
 
@@ -589,11 +592,11 @@ def max_batch(model: Model, seq_len: int, *, gpu: hardware.GPU | str, tp: int = 
             f"{model.name}'s weights ({weights / 1e9:.1f} GB) do not fit in {usable / 1e9:.1f} "
             f"GB ({usable_fraction:g} of {tp} x {spec.name}); raise tp or lower "
             f"bytes_per_param (FP8: 1).")
-    return int((usable - weights) // model.kv_cache_bytes(seq_len, 1, bytes_per_value))
+    return int((usable - weights) // model.kv_cache_bytes(seq_len, 1, bytes_per_element))
 
 
 def kv_transfer_time_s(model: Model, prompt_tokens: int, *, link: hardware.Link | str,
-                       batch: int = 1, n_links: int = 1, bytes_per_value: float = 2) -> float:
+                       batch: int = 1, n_links: int = 1, bytes_per_element: float = 2) -> float:
     """Seconds to move prefilled KV caches from prefill GPUs to decode GPUs.
 
     With prefill and decode on different GPUs (disaggregation), each prompt's cache crosses a
@@ -606,7 +609,7 @@ def kv_transfer_time_s(model: Model, prompt_tokens: int, *, link: hardware.Link 
             :class:`~clusterlab.catalog.hardware.Link`.
         batch: prompts moved (integer >= 1).
         n_links: links used in parallel (integer >= 1; e.g. one NIC per GPU of a tp group).
-        bytes_per_value: bytes per cached number.
+        bytes_per_element: bytes per cached number.
 
     Returns:
         Seconds.
@@ -618,7 +621,7 @@ def kv_transfer_time_s(model: Model, prompt_tokens: int, *, link: hardware.Link 
     spec = link if isinstance(link, hardware.Link) else hardware.link(link)
     _checks.count("prompt_tokens", prompt_tokens)
     n_links = _checks.count("n_links", n_links)
-    nbytes = model.kv_cache_bytes(prompt_tokens, _checks.count("batch", batch), bytes_per_value)
+    nbytes = model.kv_cache_bytes(prompt_tokens, _checks.count("batch", batch), bytes_per_element)
     return nbytes / (n_links * spec.bytes_per_s)
 
 
@@ -666,7 +669,7 @@ def serving_options(model: Model, *, target_tokens_per_s: float, max_tpot_s: flo
         gpu: the GPU.
         tp_options: tensor-parallel widths to try (inside one NVLink domain).
         usable_fraction: as in :func:`max_batch`.
-        **options: ``bytes_per_param``, ``bytes_per_value``, ``precision`` and the
+        **options: ``bytes_per_param``, ``bytes_per_element``, ``precision`` and the
             efficiencies of :func:`decode_step`.
 
     Returns:
@@ -676,7 +679,7 @@ def serving_options(model: Model, *, target_tokens_per_s: float, max_tpot_s: flo
     target = _checks.positive("target_tokens_per_s", target_tokens_per_s)
     max_tpot = _checks.positive("max_tpot_s", max_tpot_s)
     memory_options = {k: v for k, v in options.items()
-                      if k in ("bytes_per_param", "bytes_per_value")}
+                      if k in ("bytes_per_param", "bytes_per_element")}
     plans = []
     spec = _gpu(gpu)
     for tp in tp_options:

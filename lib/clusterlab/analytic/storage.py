@@ -163,8 +163,9 @@ def checkpoint_write_s(checkpoint_bytes: float, write_bytes_per_s: float) -> flo
     """Seconds to write a checkpoint at a sustained write throughput.
 
     Args:
-        checkpoint_bytes: bytes of the checkpoint (see :func:`clusterlab.analytic.memory.checkpoint_bytes`).
-        write_bytes_per_s: sustained aggregate write throughput of the storage system.
+        checkpoint_bytes: bytes of the checkpoint (see
+        :func:`clusterlab.analytic.memory.checkpoint_bytes`). write_bytes_per_s: sustained aggregate
+        write throughput of the storage system.
 
     Returns:
         ``checkpoint_bytes / write_bytes_per_s``.

@@ -359,11 +359,12 @@ def rail_pods(n_pods: int, nodes_per_pod: int, gpus_per_node: int = 8, *,
 
 
 def from_fabric(spec, *, nvlink: bool = False) -> nx.Graph:
-    """Build the rail-optimized graph of a vendor reference fabric from :mod:`clusterlab.catalog.hardware`.
+    """Build the rail-optimized graph of a vendor reference fabric from
+    :mod:`clusterlab.catalog.hardware`.
 
     Args:
-        spec: a :class:`clusterlab.catalog.hardware.ReferenceFabric` or its name (e.g. ``"SuperPOD B200 4SU"``).
-        nvlink: include each server's NVSwitch at the node's NVLink bandwidth.
+        spec: a :class:`clusterlab.catalog.hardware.ReferenceFabric` or its name (e.g. ``"SuperPOD
+        B200 4SU"``). nvlink: include each server's NVSwitch at the node's NVLink bandwidth.
 
     Returns:
         :func:`rail_optimized` with the fabric's servers, groups, spines and cables.

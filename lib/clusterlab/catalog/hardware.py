@@ -42,7 +42,8 @@ class GPU:
     marketed_memory_bytes: float | None = None  # the datasheet's "80 GB" (GB = 1e9 bytes);
     #                                None: the same as memory_bytes (no measured total known)
     #: streaming multiprocessors (SMs) of the SXM part, from the architecture whitepaper; the
-    #: GEMM model (clusterlab.analytic.gemm) runs tiles in waves over them. None: no source cited, and
+    #: GEMM model (clusterlab.analytic.gemm) runs tiles in waves over them. None: no source cited,
+    # and
     #: clusterlab.analytic.gemm prices its matmuls at the ceiling alone, without wave quantization.
     sm_count: int | None = None
 
@@ -510,7 +511,8 @@ class ReferenceFabric:
     """A vendor reference design of a compute fabric (a two-tier, rail-optimized leaf-spine).
 
     Its counts of switches and cables, as the vendor publishes them; the graph built from it is
-    :func:`clusterlab.analytic.topology.from_fabric`'s, its flows :mod:`clusterlab.analytic.fabric`'s.
+    :func:`clusterlab.analytic.topology.from_fabric`'s, its flows
+    :mod:`clusterlab.analytic.fabric`'s.
     """
 
     name: str

@@ -1,7 +1,7 @@
 """Exercise answers: recorded by id, and judged against an expected value in one line.
 
-A lab's exercise cell hands its answer to :func:`clusterlab.course.check.answer`, which records it here
-(:func:`record`) and has :mod:`clusterlab.course.grading` judge it with the comparisons below.
+A lab's exercise cell hands its answer to :func:`clusterlab.course.check.answer`, which records it
+here (:func:`record`) and has :mod:`clusterlab.course.grading` judge it with the comparisons below.
 :func:`close` and :func:`equal` print their verdict; the keys and chapters use them and their
 ``*_verdict`` forms, which return it. NumPy only: a chapter that checks a number imports no JAX.
 :mod:`clusterlab.course.check` re-exports every public name.

@@ -6,8 +6,8 @@ A lab's exercise cell records the student's answer and carries no expected value
     check.answer("lab01.1", answer)
 
 :func:`answer` records the value under the exercise's id and, where the instructor's key
-(``keys/labNN.py``, see :mod:`clusterlab.course.grading`) is found, judges it and prints one ✓/✗ line
-with the key's hint; in a student copy, which has no key, it prints one line saying the answer
+(``keys/labNN.py``, see :mod:`clusterlab.course.grading`) is found, judges it and prints one ✓/✗
+line with the key's hint; in a student copy, which has no key, it prints one line saying the answer
 was recorded and how it is graded. ``python -m clusterlab grade`` runs a submitted notebook and
 judges every exercise of the key from the recorded answers, so a deleted ``check.answer`` call
 scores zero for its exercise.

@@ -6,8 +6,8 @@ and ``python -m clusterlab grade SUBMISSION.ipynb --key keys``.
 ``bench`` prints an nccl-tests-style table for one collective on the devices JAX sees, or on
 simulated CPU devices when there are not enough. ``plan`` prints the planner's ranking of
 parallel layouts for a workload on a cluster (:mod:`clusterlab.analytic.plan`); it runs no JAX.
-``expect`` prints the bus bandwidth :func:`clusterlab.analytic.costmodel.cluster_collective` expects per
-message size, with a band set by the model's measured error in that regime, and with
+``expect`` prints the bus bandwidth :func:`clusterlab.analytic.costmodel.cluster_collective` expects
+per message size, with a band set by the model's measured error in that regime, and with
 ``--measured`` holds an nccl-tests output (text or ``-J`` JSON) against it
 (:mod:`clusterlab.course.expect`); it runs no JAX. ``grade`` runs submitted lab notebooks and grades
 every exercise from the instructor's key (:mod:`clusterlab.course.grading`).

@@ -11,8 +11,8 @@ expects at each measured size, and gives one verdict per size:
   higher) by more than ``costmodel.BAND_MARGIN``: in-network reduction or a 2-node tree.
 
 The floor is not a fixed margin: it is the model's own measured error in the size's regime
-(nodes, fabric, op family, size class; :func:`clusterlab.analytic.costmodel.validation_by_regime`). In a
-regime with at least ``costmodel.MIN_VALIDATION_ROWS`` published test rows the floor is
+(nodes, fabric, op family, size class; :func:`clusterlab.analytic.costmodel.validation_by_regime`).
+In a regime with at least ``costmodel.MIN_VALIDATION_ROWS`` published test rows the floor is
 ``expected / (1 + largest over-prediction of a healthy row) * (1 - BAND_MARGIN)``: a run that
 falls below it is slower than every healthy published run was, relative to the model. Elsewhere
 the expectation itself is unvalidated: the floor is ``(1 - UNVALIDATED_BAND) * expected`` and

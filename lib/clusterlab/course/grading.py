@@ -25,14 +25,14 @@ A key is a Python module with one dictionary, ``KEY``, from exercise id to :clas
 How a submission is graded (:func:`grade_notebook`, ``python -m clusterlab grade``):
 
 1. The grader copies the submission into a temporary folder and runs it, cell by cell, errors
-   allowed, in a sandbox (:mod:`clusterlab.course.sandbox`: bubblewrap, no network, no keys, no other
-   submission, CPU-time, memory, process and wall-clock limits). The kernel is told no key path:
-   ``check.answer`` there only records.
-2. Its last cell, added by the grader, calls :func:`clusterlab.course.submission.report` with a request
-   ``{exercise id: [export request, ...]}``: the ids to hand over and, for a code exercise, each
-   :class:`Export` (``wrap``, ``n_devices``, ``args`` as shapes and dtypes, ``axis``) and nothing
-   else (no expected value, seed or path). The kernel writes DATA: each recorded value as JSON
-   (numbers, strings, lists, arrays with dtype and shape, a blank), each recorded function as
+   allowed, in a sandbox (:mod:`clusterlab.course.sandbox`: bubblewrap, no network, no keys, no
+   other submission, CPU-time, memory, process and wall-clock limits). The kernel is told no key
+   path: ``check.answer`` there only records.
+2. Its last cell, added by the grader, calls :func:`clusterlab.course.submission.report` with a
+   request ``{exercise id: [export request, ...]}``: the ids to hand over and, for a code exercise,
+   each :class:`Export` (``wrap``, ``n_devices``, ``args`` as shapes and dtypes, ``axis``) and
+   nothing else (no expected value, seed or path). The kernel writes DATA: each recorded value as
+   JSON (numbers, strings, lists, arrays with dtype and shape, a blank), each recorded function as
    its ``jax.export`` StableHLO bytecode per export.
 3. This process, with its own ``clusterlab`` and its own keys, reads that file, rebuilds each
    program as a :class:`Program` (refusing effects and custom calls other than sharding
@@ -155,7 +155,8 @@ class Verdict:
 
 def close(expected, *, name: str, hint: str = "", rtol: float = 1e-3,
           atol: float = 0.0) -> Exercise:
-    """A value exercise compared within a tolerance (:func:`clusterlab.course.answers.close_verdict`).
+    """A value exercise compared within a tolerance
+    (:func:`clusterlab.course.answers.close_verdict`).
 
     Args:
         expected: the value, or a recipe of the lab's namespace returning it.
@@ -244,8 +245,9 @@ class Program:
         return jax.tree_util.tree_map(np.asarray, self.exported.call(*self.place(*args)))
 
     def collective_ops(self, *args) -> list:
-        """The collectives the program executes on ``args`` (:class:`clusterlab.device.hlo.CollectiveOp`:
-        kind and bytes), in program order, read from the program compiled here
+        """The collectives the program executes on ``args``
+        (:class:`clusterlab.device.hlo.CollectiveOp`: kind and bytes), in program order, read from
+        the program compiled here
         (:func:`clusterlab.device.hlo.executed_collectives` counts loop trips)."""
         import jax
 
@@ -653,7 +655,8 @@ def main(submissions: Sequence[str], *, key_dir: str, timeout_s: float,
         key_dir: the folder of the keys.
         timeout_s: the longest one cell may run, in seconds.
         csv_path: where to write ``student,exercise,points`` (:func:`write_csv`), if anywhere.
-        limits: each submission's sandbox limits (default :class:`clusterlab.course.sandbox.Limits`).
+        limits: each submission's sandbox limits (default
+        :class:`clusterlab.course.sandbox.Limits`).
 
     Returns:
         0 when every exercise of every submission passed, 1 when any failed, 2 when a

@@ -207,8 +207,8 @@ def zero_memory_components(n_params: float, dp: int, zero_stage: int, *,
                            optimizer_bytes_per_param: float = 12) -> tuple[float, float, float]:
     """Bytes per device of parameters, gradients and optimizer state under a ZeRO stage.
 
-    Each part is a difference of :func:`clusterlab.analytic.memory.training_memory_per_device` with the
-    later parts' bytes set to zero, so the three add up to it exactly.
+    Each part is a difference of :func:`clusterlab.analytic.memory.training_memory_per_device` with
+    the later parts' bytes set to zero, so the three add up to it exactly.
 
     Args:
         n_params, dp, zero_stage, bytes_param, bytes_grad, optimizer_bytes_per_param: as for
@@ -370,7 +370,8 @@ def profile_timeline(profile, ax: Axes | None = None, *, step: int = 0) -> Axes:
     time in one step, compute, collectives and the rendezvous waits inside them.
 
     Args:
-        profile: what ``clusterlab.device.profile.read_trace`` returned (only its ``ops``, ``waits`` and
+        profile: what ``clusterlab.device.profile.read_trace`` returned (only its ``ops``, ``waits``
+        and
             ``devices`` are read, so this module needs no JAX).
         ax: axes to draw on; a new figure if ``None``.
         step: which traced step to draw, 0 for the first (in order of their start).

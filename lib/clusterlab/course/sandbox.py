@@ -1,9 +1,9 @@
 """Running one submitted notebook in a sandbox: Debian's bubblewrap and resource limits.
 
 :func:`run_submission` copies the notebook alone into a temporary folder and runs
-``python -m clusterlab.course.submission`` on it (:mod:`clusterlab.course.submission`) as the unprivileged
-user ``nobody`` inside ``bwrap``: the whole file system read-only, the folders in ``hide``
-(the keys, the submissions' folders, the instructor's home) replaced by empty ones, its
+``python -m clusterlab.course.submission`` on it (:mod:`clusterlab.course.submission`) as the
+unprivileged user ``nobody`` inside ``bwrap``: the whole file system read-only, the folders in
+``hide`` (the keys, the submissions' folders, the instructor's home) replaced by empty ones, its
 temporary folder the only writable place, no network (``--unshare-all``: no interface but a
 down loopback), its own process and IPC namespaces, killed with the grader. ``setrlimit``
 bounds its CPU time, address space and processes (a fork bomb stops at ``processes``), and

@@ -1,7 +1,7 @@
 """Student copies of the labs: solutions removed, outputs cleared, no answer key.
 
-``python -m clusterlab.course.student --out student/`` (``make student``) writes one notebook per lab
-in ``labs/``. A solution is every cell from the markdown cell that opens it (a
+``python -m clusterlab.course.student --out student/`` (``make student``) writes one notebook per
+lab in ``labs/``. A solution is every cell from the markdown cell that opens it (a
 ```` ```{solution-start} ```` directive, QuantEcon's gated format) to the markdown cell that
 closes it (```` ```{solution-end} ````), both included; text that shares a cell with those
 directives, before the opening or after the closing one, stays. Exercises and the cells where
@@ -9,8 +9,8 @@ students write their answers stay. Code cells lose their outputs and execution c
 copy shows nothing a student has not run.
 
 The answer key stays out: the copies are notebooks only (the keys live in ``keys/labNN.py``, see
-:mod:`clusterlab.course.grading`), and a copy is refused when a cell left in it checks an exercise with
-its expected value (``check.close``/``check.equal``) instead of recording it with
+:mod:`clusterlab.course.grading`), and a copy is refused when a cell left in it checks an exercise
+with its expected value (``check.close``/``check.equal``) instead of recording it with
 ``check.answer(id, answer)``. To grade submitted copies, run them against the key:
 ``python -m clusterlab grade submitted/*.ipynb --key keys`` (``make grade SUBMISSIONS=...``).
 """

@@ -1,7 +1,7 @@
 """What a submitted notebook's kernel hands the grader: its answers as plain data.
 
-The grader (:mod:`clusterlab.course.grading`) never judges in the submission's kernel. It appends one
-cell that calls :func:`report` with a request, the list of exercise ids to hand over and, for a
+The grader (:mod:`clusterlab.course.grading`) never judges in the submission's kernel. It appends
+one cell that calls :func:`report` with a request, the list of exercise ids to hand over and, for a
 code exercise, the programs to export (input shapes and device counts only: no expected value,
 no seed, no key path). :func:`report` writes one JSON file the grader reads back:
 

@@ -1,7 +1,7 @@
 """Verifications: claims a lab makes about its own run, and the float32 tolerances they use.
 
-Exercise checks (:mod:`clusterlab.course.answers`) grade a student's answer and return a verdict. The
-functions here verify the lab itself (a parallel step equals one device, a count from the
+Exercise checks (:mod:`clusterlab.course.answers`) grade a student's answer and return a verdict.
+The functions here verify the lab itself (a parallel step equals one device, a count from the
 compiled program equals its formula, a resume is bit-identical): they print a ✓ line when the
 claim holds and raise :class:`VerificationFailed`, naming what differed and by how much, when it
 does not, so a lab stops at the first broken claim in Jupyter, under nbval and on GPUs alike.

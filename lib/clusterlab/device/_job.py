@@ -1,10 +1,11 @@
 """What a launcher and the processes it starts agree on: variables, exit codes, errors, ports.
 
-:mod:`clusterlab.device.launch` (outside the processes) sets these variables and reads these exit codes;
-:mod:`clusterlab.device.distributed` (inside each process) reads the variables and exits with the codes.
-Both import this module and neither imports the other's internals, so that starting processes and
-joining them stay two modules with no import circle. :mod:`clusterlab.device.distributed` re-exports
-every public name here, since this module is private.
+:mod:`clusterlab.device.launch` (outside the processes) sets these variables and reads these exit
+codes; :mod:`clusterlab.device.distributed` (inside each process) reads the variables and exits with
+the codes. Both import this module and neither imports the other's internals, so that starting
+processes and joining them stay two modules with no import circle.
+:mod:`clusterlab.device.distributed` re-exports every public name here, since this module is
+private.
 """
 
 from __future__ import annotations

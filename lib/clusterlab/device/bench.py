@@ -4,8 +4,8 @@ Rules every measurement here follows: compile and warm up first, block until the
 ready, repeat, and report the median with the spread (25th to 75th percentile). Numbers from
 simulated CPU devices measure this host, not a GPU fabric: compare them with the host's own
 ceiling (:func:`memcpy_bandwidth`) measured in the same run. The same holds for matmuls: each
-GEMM of a layer (:func:`clusterlab.analytic.gemm.transformer_layer_gemms`) is timed against the device's
-roofline measured in the same run (:func:`measure_roofline`, :func:`time_gemms`).
+GEMM of a layer (:func:`clusterlab.analytic.gemm.transformer_layer_gemms`) is timed against the
+device's roofline measured in the same run (:func:`measure_roofline`, :func:`time_gemms`).
 """
 
 from __future__ import annotations
@@ -558,8 +558,8 @@ def rooflines(devices: Sequence[jax.Device] | None = None, **options) -> dict[st
 
 
 # ----------------------------------------------------------------------------------------------
-# Each GEMM of a layer on the roofline: the planner's per-GEMM rule (clusterlab.analytic.gemm) held to a
-# measurement. A GEMM's time is bounded by the larger of its FLOPs at the peak and its bytes at
+# Each GEMM of a layer on the roofline: the planner's per-GEMM rule (clusterlab.analytic.gemm) held
+# to a measurement. A GEMM's time is bounded by the larger of its FLOPs at the peak and its bytes at
 # the memory bandwidth; here both ceilings are the device's measured ones (a Roofline), and the
 # GEMM's FLOPs and bytes are XLA's cost analysis of the compiled matmul.
 # ----------------------------------------------------------------------------------------------
@@ -570,9 +570,9 @@ class GemmOnRoofline:
     """One GEMM timed on a device and set against that device's measured roofline.
 
     Attributes:
-        gemm: its shape, ``batch`` times ``A[m, k] @ B[k, n]`` (a :class:`clusterlab.analytic.gemm.Gemm`).
-        cost: XLA's FLOPs and bytes of the compiled matmul (of ``dtype``, e.g. 4 bytes a value).
-        timing: its measured seconds.
+        gemm: its shape, ``batch`` times ``A[m, k] @ B[k, n]`` (a
+        :class:`clusterlab.analytic.gemm.Gemm`). cost: XLA's FLOPs and bytes of the compiled matmul
+        (of ``dtype``, e.g. 4 bytes a value). timing: its measured seconds.
         ceilings: the roofline it is held to (peak FLOP/s and memory bytes/s).
     """
 
@@ -676,7 +676,8 @@ def time_gemms(gemms: Sequence[Gemm], roofline: Roofline, device: jax.Device | N
     them alike and their ratios, such as a layer's split of GEMM time, stay meaningful.
 
     Args:
-        gemms: the GEMMs, e.g. :func:`clusterlab.analytic.gemm.transformer_layer_gemms` of a host-sized
+        gemms: the GEMMs, e.g. :func:`clusterlab.analytic.gemm.transformer_layer_gemms` of a
+        host-sized
             layer; whole-number dimensions.
         roofline: the device's measured ceilings (:func:`measure_roofline` on the same device,
             in the same run), of the same ``dtype``.

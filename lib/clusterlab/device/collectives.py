@@ -42,8 +42,9 @@ def ring_reduce_scatter(x: jax.Array, axis_name: str) -> jax.Array:
 
     Forward: device ``i`` ends with chunk ``i`` of the sum over devices. Its gradient is a
     ring all-gather. The steps run in a ``jax.lax.fori_loop``: one ``collective-permute`` in the
-    compiled program, executed p-1 times (:func:`clusterlab.device.hlo.executed_collectives` counts them), and one
-    partial-sum buffer of N/p elements reused by every step instead of a new one per step.
+    compiled program, executed p-1 times (:func:`clusterlab.device.hlo.executed_collectives` counts
+    them), and one partial-sum buffer of N/p elements reused by every step instead of a new one per
+    step.
 
     Args:
         x: f32[N, ...] per device, N a multiple of p.
@@ -295,8 +296,8 @@ def make_collective(op: str, mesh: Mesh, axis_name: str, *,
 # With ``check_vma=False`` JAX does not know what is replicated: ``psum`` then transposes to
 # another ``psum`` (gradients ``p`` times too large) and the copy transposes to nothing (the
 # gradient of ``x`` stays partial). Steps that must keep the check off (the 2-D step of
-# :mod:`clusterlab.device.parallel.sharded`, whose data-axis all-reduce is explicit) still get the right
-# pair from these wrappers: they detect the mode and then use the custom_vjp versions below,
+# :mod:`clusterlab.device.parallel.sharded`, whose data-axis all-reduce is explicit) still get the
+# right pair from these wrappers: they detect the mode and then use the custom_vjp versions below,
 # whose backward is written out.
 
 
@@ -423,7 +424,8 @@ def all_reduce_gradients(grads, axis_name: str, *, bucket_bytes: int | None = No
     leaves are flattened, concatenated and cut into buckets of that many bytes, one all-reduce
     each (the last bucket holds the rest), as PyTorch DDP and Horovod pack small tensors into
     larger messages; XLA's all-reduce combiner merges independent all-reduces on its own unless
-    it is turned off (see :data:`clusterlab.device.hlo.SEPARATE_ALL_REDUCES`). Skips all work when the axis has size 1.
+    it is turned off (see :data:`clusterlab.device.hlo.SEPARATE_ALL_REDUCES`). Skips all work when
+    the axis has size 1.
 
     Runs inside ``jax.shard_map`` or ``jax.pmap``.
 
@@ -477,8 +479,8 @@ def hierarchical_all_reduce(x: jax.Array, *, intra_axis: str, inter_axis: str) -
 
     Only ``1/d`` of the buffer crosses the slow inter-host links (``d`` devices per host), each
     device sending its share over its own network card; the fast links inside the host carry
-    the rest. :func:`clusterlab.analytic.costmodel.hierarchical_all_reduce_time` is its cost. Forward:
-    the sum over both axes; its gradient is the same all-reduce.
+    the rest. :func:`clusterlab.analytic.costmodel.hierarchical_all_reduce_time` is its cost.
+    Forward: the sum over both axes; its gradient is the same all-reduce.
 
     Args:
         x: f32[N, ...] per device, N a multiple of the size of ``intra_axis``.

@@ -6,8 +6,8 @@ layer's keys and values of the tokens already seen, so that each new token (a **
 only computes its own query, key and value and attends over the cache. **Prefill** runs the
 prompt through the model at once and fills the cache.
 
-The model is :mod:`clusterlab.device.models`' pre-LN transformer block stacked ``L`` times, between a
-token and a learned position embedding and an (untied) unembedding to ``V`` logits; fp32
+The model is :mod:`clusterlab.device.models`' pre-LN transformer block stacked ``L`` times, between
+a token and a learned position embedding and an (untied) unembedding to ``V`` logits; fp32
 throughout. The cache has a fixed size, ``max_len`` positions, so one compiled decode step
 serves every position (no recompilation per token); a mask hides the positions not yet
 written. :func:`forward` is the reference without a cache, built on
@@ -195,7 +195,7 @@ def empty_cache(params: Params, batch: int, cache_len: int | None = None) -> KVC
 
     Returns:
         A :class:`KVCache` of ``L`` pairs of f32[B, NH, S, Dh] zeros:
-        ``memory.kv_cache_bytes(L, NH, Dh, S, B, bytes_per_value=4)`` bytes.
+        ``memory.kv_cache_bytes(L, NH, Dh, S, B, bytes_per_element=4)`` bytes.
     """
     batch = _checks.count("batch", batch)
     length = _cache_len(params, cache_len)
@@ -393,7 +393,7 @@ def generate_without_cache(params: Params, prompt: jax.Array, n_new: int) -> jax
 # --- Tensor parallelism ---------------------------------------------------------------------
 
 
-def param_specs(params: Params, axis_name: str) -> Params:
+def model_specs(params: Params, axis_name: str) -> Params:
     """PartitionSpecs of :func:`init_params`' parameters split Megatron's way over ``axis_name``.
 
     Each layer as :func:`clusterlab.device.parallel.tensor.param_specs` splits a transformer block
@@ -423,11 +423,11 @@ def check_mesh(params: Params, mesh: Mesh, axis_name: str) -> int:
     return tp
 
 
-def shard_params(params: Params, mesh: Mesh, axis_name: str) -> Params:
-    """Place ``params`` on ``mesh`` split as :func:`param_specs` says, after :func:`check_mesh`."""
+def shard_model(params: Params, mesh: Mesh, axis_name: str) -> Params:
+    """Place ``params`` on ``mesh`` split as :func:`model_specs` says, after :func:`check_mesh`."""
     check_mesh(params, mesh, axis_name)
     return jax.tree.map(lambda leaf, spec: devices.shard(leaf, mesh, spec), params,
-                        param_specs(params, axis_name))
+                        model_specs(params, axis_name))
 
 
 def _shard_mapped(fn, params: Params, mesh: Mesh, axis_name: str, in_specs, out_specs,
@@ -457,12 +457,12 @@ def make_tp_generate(params: Params, mesh: Mesh, axis_name: str, *, n_new: int,
 
     Returns:
         ``generate(sharded_params, prompt) -> i32[B, n_new]``: ``sharded_params`` from
-        :func:`shard_params`, ``prompt`` i32[B, T] replicated.
+        :func:`shard_model`, ``prompt`` i32[B, T] replicated.
     """
     n_new = _checks.count("n_new", n_new)
     body = functools.partial(_generate, n_new=n_new, cache_len=_cache_len(params, cache_len),
                              axis_name=axis_name, ops=ops)
-    return _shard_mapped(body, params, mesh, axis_name, (param_specs(params, axis_name), P()),
+    return _shard_mapped(body, params, mesh, axis_name, (model_specs(params, axis_name), P()),
                          P(), check_vma)
 
 
@@ -478,7 +478,7 @@ def make_tp_decode_step(params: Params, mesh: Mesh, axis_name: str, *,
     body = functools.partial(_decode_step, axis_name=axis_name, ops=ops)
     specs = cache_specs(params, axis_name)
     return _shard_mapped(body, params, mesh, axis_name,
-                         (param_specs(params, axis_name), specs, P(), P()), (P(), specs),
+                         (model_specs(params, axis_name), specs, P(), P()), (P(), specs),
                          check_vma)
 
 
@@ -493,5 +493,5 @@ def make_tp_prefill(params: Params, mesh: Mesh, axis_name: str, *,
     """
     body = functools.partial(_prefill, cache_len=_cache_len(params, cache_len),
                              axis_name=axis_name, ops=ops)
-    return _shard_mapped(body, params, mesh, axis_name, (param_specs(params, axis_name), P()),
+    return _shard_mapped(body, params, mesh, axis_name, (model_specs(params, axis_name), P()),
                          (P(), cache_specs(params, axis_name)), check_vma)

@@ -205,8 +205,8 @@ def per_device_bytes(tree) -> dict[int, int]:
 
     Reads every leaf's ``addressable_shards``: a replicated array counts in full on every device,
     an array split ``p`` ways counts ``1/p`` on each. This is the measurement that
-    :func:`clusterlab.analytic.memory.training_memory_per_device` predicts (for the arrays you pass: parameters, optimizer
-    state, gradients).
+    :func:`clusterlab.analytic.memory.training_memory_per_device` predicts (for the arrays you pass:
+    parameters, optimizer state, gradients).
 
     Args:
         tree: a pytree whose leaves are ``jax.Array`` s (e.g. ``(params, opt_state)``).

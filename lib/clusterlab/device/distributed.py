@@ -9,10 +9,10 @@ processes exchange collective data over TCP with gloo. There are two halves:
   loopback address ``127.0.0.1``; it prefixes their output with the process id, collects what
   each one :func:`report` s, and stops all of them when one fails. :func:`run` does the same for
   a function ``"module:function"``. ``python -m clusterlab.device.launch`` is its command line.
-* **Inside** each process, this module: :func:`init` reads where it stands (the launcher's variables, a SLURM
-  job's, or explicit arguments), joins the others, and :func:`host_mesh` lays all devices out as
-  a ``(hosts, devices per host)`` mesh. Nothing else in a training script changes between a
-  laptop and a cluster: only the environment does.
+* **Inside** each process, this module: :func:`init` reads where it stands (the launcher's
+  variables, a SLURM job's, or explicit arguments), joins the others, and :func:`host_mesh` lays all
+  devices out as a ``(hosts, devices per host)`` mesh. Nothing else in a training script changes
+  between a laptop and a cluster: only the environment does.
 
 Fault handling, so that a failure never leaves a job hanging: JAX's coordination service stops
 every process whose peer stops sending heartbeats (``heartbeat_timeout_s``); a gloo collective

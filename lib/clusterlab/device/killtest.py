@@ -215,7 +215,8 @@ def kill_test(work_dir: str | os.PathLike, *, kills: int = 21, seed: int = 0, st
               batch_size: int = 256, read_bytes_per_s: float = 12.8e6,
               delay_fraction: tuple[float, float] = (0.2, 0.6), max_skip_steps: int = 6,
               timeout_s: float = 300.0) -> KillReport:
-    """SIGKILL ``python -m clusterlab.device.train_demo`` ``kills`` times, resume it each time, compare.
+    """SIGKILL ``python -m clusterlab.device.train_demo`` ``kills`` times, resume it each time,
+    compare.
 
     First an uninterrupted run gives the reference: the digest of the parameters at every
     checkpoint, the final parameters, and how long each phase takes. Then the same job runs in

@@ -7,11 +7,12 @@ when one fails. :func:`run` does the same for a function ``"module:function"``. 
 process, :func:`clusterlab.device.distributed.init` joins the others; the two sides share only
 :mod:`clusterlab.device._job` (the variables, exit codes and errors).
 
-Command line: ``python -m clusterlab.device.launch --processes 2 --devices-per-process 4 SCRIPT [ARGS]``
-runs ``python SCRIPT ARGS`` (or ``-m MODULE ARGS``) in each process, with every output line
-prefixed by the process id (``[0] ...``). The script calls :func:`clusterlab.device.distributed.init`
-first; on a real cluster the same script runs under ``srun`` instead, unchanged. The exit code is
-0 when every process succeeded, otherwise the first failure's (124 after ``--timeout``).
+Command line: ``python -m clusterlab.device.launch --processes 2 --devices-per-process 4 SCRIPT
+[ARGS]`` runs ``python SCRIPT ARGS`` (or ``-m MODULE ARGS``) in each process, with every output line
+prefixed by the process id (``[0] ...``). The script calls
+:func:`clusterlab.device.distributed.init` first; on a real cluster the same script runs under
+``srun`` instead, unchanged. The exit code is 0 when every process succeeded, otherwise the first
+failure's (124 after ``--timeout``).
 """
 
 from __future__ import annotations
@@ -151,8 +152,8 @@ def launch(command: Sequence[str], *, processes: int, devices_per_process: int |
         command: the arguments after ``python``.
         processes: how many processes (hosts) to start.
         devices_per_process: simulated devices in each process; a list gives each process its
-            own count (to show the mismatch error; :func:`clusterlab.device.distributed.init` rejects
-            unequal counts).
+            own count (to show the mismatch error; :func:`clusterlab.device.distributed.init`
+            rejects unequal counts).
         port: the coordinator's port on 127.0.0.1; ``None`` picks a free one.
         timeout_s: stop everything after this many seconds (return code 124).
         grace_s: after the first failure, how long the others may take to stop by themselves.
@@ -315,8 +316,8 @@ def run(target: str, *, processes: int, devices_per_process: int | Sequence[int]
     """Run ``module.function(**kwargs)`` in ``processes`` joined processes and gather results.
 
     Each process runs :func:`clusterlab.device.distributed.call`: it joins the others
-    (:func:`clusterlab.device.distributed.init`), calls the function and reports its return value, found
-    afterwards in ``LaunchResult.results[process_id]``.
+    (:func:`clusterlab.device.distributed.init`), calls the function and reports its return value,
+    found afterwards in ``LaunchResult.results[process_id]``.
 
     Args:
         target: ``"package.module:function"`` (importable in a fresh interpreter).

@@ -9,8 +9,8 @@ Two models, both fp32, both seeded and deterministic:
 
 Parameters are plain pytrees (lists and dicts of arrays), so ``jax.tree`` functions, shardings
 and ``optax`` apply to them directly. :func:`reference_train` trains on one device with
-``optax.adam``; :mod:`clusterlab.device.parallel` holds the parallel versions and checks them against
-it.
+``optax.adam``; :mod:`clusterlab.device.parallel` holds the parallel versions and checks them
+against it.
 
 References:
     He et al., "Deep Residual Learning for Image Recognition", CVPR 2016 (residual blocks).

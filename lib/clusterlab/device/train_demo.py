@@ -1,12 +1,12 @@
 """A small training job that checkpoints and resumes: kill it at any moment, start it again.
 
 Run it as ``python -m clusterlab.device.train_demo --data DIR --checkpoints DIR --steps 40 --every 2
---out params.npz``. It trains the course's residual MLP (:mod:`clusterlab.device.models`) with Adam on
-batches from a :class:`clusterlab.device.dataloader.Loader`, adds input noise drawn from a JAX random key
-(so the key is part of the state), and writes a checkpoint every ``--every`` steps with
-:class:`clusterlab.device.checkpoint.Checkpoints`. Started again after a kill, it restores the newest
-complete checkpoint (parameters, optimizer state, step, loader position, key) and continues; the
-final parameters are then bit for bit those of a run that was never interrupted.
+--out params.npz``. It trains the course's residual MLP (:mod:`clusterlab.device.models`) with Adam
+on batches from a :class:`clusterlab.device.dataloader.Loader`, adds input noise drawn from a JAX
+random key (so the key is part of the state), and writes a checkpoint every ``--every`` steps with
+:class:`clusterlab.device.checkpoint.Checkpoints`. Started again after a kill, it restores the
+newest complete checkpoint (parameters, optimizer state, step, loader position, key) and continues;
+the final parameters are then bit for bit those of a run that was never interrupted.
 
 It prints one line per event, flushed at once, so a parent process can tell where a kill landed::
 
@@ -58,8 +58,8 @@ def make_dataset(directory: str | os.PathLike, *, n_samples: int = 512, d_model:
         seed: the data's random seed.
 
     Returns:
-        The :class:`clusterlab.device.dataloader.DatasetInfo`: fields ``x`` and ``y``, each f32[D] per
-        sample.
+        The :class:`clusterlab.device.dataloader.DatasetInfo`: fields ``x`` and ``y``, each f32[D]
+        per sample.
     """
     x, y = models.synthetic_regression(jax.random.key(seed), n_samples=n_samples,
                                        d_model=d_model)  # x, y: f32[N, D]

@@ -11,15 +11,16 @@ Conventions follow nccl-tests (``doc/PERFORMANCE.md``):
 
 The package, by job (every public name is re-exported here, so ``costmodel.X`` works):
 
-* :mod:`~clusterlab.analytic.costmodel.alpha_beta`: the alpha-beta model per algorithm (Thakur et al.
-  2005) on one level of links, and lines fitted to measurements (held out, two levels).
+* :mod:`~clusterlab.analytic.costmodel.alpha_beta`: the alpha-beta model per algorithm (Thakur et
+  al. 2005) on one level of links, and lines fitted to measurements (held out, two levels).
 * :mod:`~clusterlab.analytic.costmodel.traffic`: bytes per step of data, sharded (ZeRO) and tensor
   parallelism, Megatron's all-reduces per layer, gradient buckets, and the pipeline bubble.
 * :mod:`~clusterlab.analytic.costmodel.cluster`: :func:`cluster_collective`, the one model of
   collectives across nodes: NCCL 2.30.7's own tuning model (the private ``_nccl`` port and
-  ``_model``, which reads a :class:`clusterlab.catalog.hardware.ClusterSpec` as NCCL's topology does).
-* :mod:`~clusterlab.analytic.costmodel.validation`: that model against every published nccl-tests row
-  (:mod:`clusterlab.catalog.published.nccl_tests`), its error by regime, and the band it sets.
+  ``_model``, which reads a :class:`clusterlab.catalog.hardware.ClusterSpec` as NCCL's topology
+  does).
+* :mod:`~clusterlab.analytic.costmodel.validation`: that model against every published nccl-tests
+  row (:mod:`clusterlab.catalog.published.nccl_tests`), its error by regime, and the band it sets.
 
 References:
     Thakur, Rabenseifner & Gropp, "Optimization of Collective Communication Operations in
@@ -55,12 +56,13 @@ from clusterlab.analytic.costmodel.validation import (BAND_MARGIN, MIN_VALIDATIO
                                                       format_disagreements, format_regime_errors,
                                                       format_validation_table, median_abs_error,
                                                       published_time_s, regime_errors,
-                                                      validation_by_regime, validation_table)
+                                                      validation_by_regime, nccl_validation_table)
 
 __all__ = [
     "ALGORITHMS", "BAND_MARGIN", "CLUSTER_ALGORITHMS", "FABRICS", "LAUNCH_OVERHEAD_S",
-    "MEGATRON_PAIRS_PER_LAYER", "MIN_VALIDATION_ROWS", "NCCL_RELEASE", "NIC_EFFICIENCY",
-    "IMPLEMENTATIONS", "NVLINK_EFFICIENCY", "OPS", "RUNNABLE_OPS", "PIPELINE_FILL_CHUNKS", "PIPELINE_SCHEDULES", "PROTOCOLS",
+    "IMPLEMENTATIONS", "MEGATRON_PAIRS_PER_LAYER", "MIN_VALIDATION_ROWS", "NCCL_RELEASE",
+    "NIC_EFFICIENCY", "NVLINK_EFFICIENCY", "OPS", "PIPELINE_FILL_CHUNKS", "PIPELINE_SCHEDULES",
+    "PROTOCOLS", "RUNNABLE_OPS",
     "SIZE_CLASSES", "UNVALIDATED_BAND", "AlphaBeta", "CollectiveEstimate", "Disagreement",
     "HeldOutFit", "Regime", "RegimeError", "TensorParallelTraffic", "TwoLevelModel",
     "ValidationRow", "algbw", "all_reduce_time", "busbw", "busbw_factor", "check_pipeline",
@@ -72,5 +74,5 @@ __all__ = [
     "megatron_all_reduces_per_layer", "pipeline_activation_microbatches",
     "pipeline_bubble_fraction", "published_time_s", "regime", "regime_errors",
     "sharded_data_parallel_bytes_per_step", "tensor_parallel_bytes_per_step",
-    "validation_by_regime", "validation_table",
+    "validation_by_regime", "nccl_validation_table",
 ]

@@ -1,14 +1,14 @@
 """NCCL 2.30.7's model of one collective on a cluster, before its validated band.
 
-:func:`clusterlab.analytic.costmodel.cluster_collective` prices a collective the way NCCL prices it when
-it picks an algorithm and a protocol: :mod:`clusterlab.analytic.costmodel._nccl` is a port of
+:func:`clusterlab.analytic.costmodel.cluster_collective` prices a collective the way NCCL prices it
+when it picks an algorithm and a protocol: :mod:`clusterlab.analytic.costmodel._nccl` is a port of
 ``ncclTopoTuneModel`` and ``ncclTopoGetAlgoTime`` of one release (``NCCL_RELEASE``), fed with the
 graphs its topology search would find on the node. No bandwidth or efficiency here is fitted to
 a published row; ``LAUNCH_OVERHEAD_S`` and ``PIPELINE_FILL_CHUNKS`` are the two constants set
 from rows (role "set"). This module turns a
 :class:`clusterlab.catalog.hardware.ClusterSpec` into NCCL's view of the node's links and prices the
-collective (:func:`estimate`); :mod:`clusterlab.analytic.costmodel.validation` holds the model against
-the published rows and sets the band.
+collective (:func:`estimate`); :mod:`clusterlab.analytic.costmodel.validation` holds the model
+against the published rows and sets the band.
 """
 
 from __future__ import annotations
@@ -26,7 +26,8 @@ from clusterlab.catalog.published import nccl_tests
 #: The NCCL release whose tuning rules cluster_collective follows.
 NCCL_RELEASE = _nccl.RELEASE
 #: Achievable fraction of line rate of one NVLink and one NIC, as NCCL 2.30.7 counts them, for
-#: the flow model (clusterlab.analytic.fabric) and line-rate arithmetic: an NVLink4 link is 20.6 of its
+#: the flow model (clusterlab.analytic.fabric) and line-rate arithmetic: an NVLink4 link is 20.6 of
+# its
 #: 25 GB/s (topo.h SM90_NVLINK_BW; S. Jeaugey, nccl-tests issue 212: "NCCL can get an effective
 #: NVLink bandwidth of 370GB/s" of 450), and NCCL's search runs a 400 Gb/s NIC's channel at
 #: 48 of its 50 GB/s (search.cc sm90SpeedArrayInter; 24 of 25 for 200 Gb/s, 12 of 12.5 for
@@ -291,7 +292,8 @@ def _tuned_options(op: str, topo: _nccl.Topology, cluster: hardware.ClusterSpec,
 
 def estimate(op: str, nbytes: float, cluster: hardware.ClusterSpec, *, algorithm: str = "auto",
              protocol: str = "auto") -> CollectiveEstimate:
-    """:func:`clusterlab.analytic.costmodel.cluster_collective` without the band: NCCL's pick and time.
+    """:func:`clusterlab.analytic.costmodel.cluster_collective` without the band: NCCL's pick and
+    time.
 
     Args:
         op: ``"all_reduce"``, ``"all_gather"``, ``"reduce_scatter"`` or ``"all_to_all"``.

@@ -1,8 +1,7 @@
 """One model of collectives across nodes: NCCL 2.30.7's own tuning model, with its band.
 
-:func:`cluster_collective` takes a :class:`clusterlab.catalog.hardware.ClusterSpec`; the keyword form
-(``gpu=``, ``n_nodes=``, ... as before the spec existed) is a convenience that builds the spec
-in :func:`_keyword_cluster` and is kept for the labs and chapters that price one-off clusters.
+:func:`cluster_collective` takes the one cluster description,
+:class:`clusterlab.catalog.hardware.ClusterSpec` (build a variant with ``dataclasses.replace``).
 """
 
 from __future__ import annotations
@@ -19,50 +18,9 @@ ClusterAlgorithm = Literal["auto", "ring", "tree", "nvls", "nvls_tree", "collnet
 Protocol = Literal["auto", "LL", "LL128", "Simple"]
 
 
-def _keyword_cluster(cluster: hardware.ClusterSpec | None, *, gpu: hardware.GPU | str | None,
-                     n_nodes: int | None, gpus_per_node: int | None,
-                     **links) -> hardware.ClusterSpec:
-    """``cluster``, or the :class:`~clusterlab.catalog.hardware.ClusterSpec` the keyword form names.
-
-    Args:
-        cluster: a spec, or None for the keyword form.
-        gpu, n_nodes, gpus_per_node: the keyword form's cluster (defaults 1 node of 8 GPUs).
-        **links: the keyword form's other :class:`~clusterlab.catalog.hardware.ClusterSpec` fields
-            (``nic``, ``nics_per_node``, ``intra_node_link``, ``intra_node_bytes_per_s``,
-            ``network_bytes_per_s``, ``sharp``); None (or False for ``sharp``) when not given.
-
-    Raises:
-        ValueError: both a spec and keywords, or neither.
-    """
-    given = [name for name, value in dict(links, gpu=gpu, n_nodes=n_nodes,
-                                          gpus_per_node=gpus_per_node).items()
-             if value is not None and value is not False]
-    if cluster is not None:
-        if given:
-            raise ValueError(f"Give a hardware.ClusterSpec or the keywords "
-                             f"({', '.join(sorted(given))}), not both; change the spec with "
-                             "dataclasses.replace.")
-        return cluster
-    if gpu is None:
-        raise ValueError("Name the cluster: pass a hardware.ClusterSpec (e.g. "
-                         "ClusterSpec.from_node('DGX H100', n_nodes=2)), or gpu= and the "
-                         "other keywords.")
-    fields = {name: value for name, value in links.items() if value is not None}
-    return hardware.ClusterSpec(gpu=gpu, n_nodes=1 if n_nodes is None else n_nodes,
-                                gpus_per_node=8 if gpus_per_node is None else gpus_per_node,
-                                **fields)
-
-
-def cluster_collective(op: ClusterOp, nbytes: float, cluster: hardware.ClusterSpec | None = None,
-                       *, algorithm: ClusterAlgorithm = "auto", protocol: Protocol = "auto",
-                       fabric: FabricKind | None = None,
-                       gpu: hardware.GPU | str | None = None,
-                       n_nodes: int | None = None, gpus_per_node: int | None = None,
-                       nic: str | None = None, nics_per_node: int | None = None,
-                       intra_node_link: str | None = None,
-                       intra_node_bytes_per_s: float | None = None,
-                       network_bytes_per_s: float | None = None,
-                       sharp: bool = False) -> CollectiveEstimate:
+def cluster_collective(op: ClusterOp, nbytes: float, cluster: hardware.ClusterSpec, *,
+                       algorithm: ClusterAlgorithm = "auto", protocol: Protocol = "auto",
+                       fabric: FabricKind | None = None) -> CollectiveEstimate:
     """Expected time and bus bandwidth of one NCCL collective on a cluster.
 
     NCCL prices every algorithm and protocol with its own model and runs the fastest; this is
@@ -107,30 +65,20 @@ def cluster_collective(op: ClusterOp, nbytes: float, cluster: hardware.ClusterSp
         protocol: ``"auto"`` or one of :data:`PROTOCOLS` (as ``NCCL_PROTO``).
         fabric: the network's kind for the validation regime, one of :data:`FABRICS`
             (default: by the NIC's name).
-        gpu, n_nodes, gpus_per_node, nic, nics_per_node, intra_node_link,
-            intra_node_bytes_per_s, network_bytes_per_s, sharp: the convenience form, instead
-            of ``cluster``: the :class:`~clusterlab.catalog.hardware.ClusterSpec` fields of the same
-            names (default 1 node of 8 GPUs, one NIC per GPU).
 
     Returns:
         A :class:`CollectiveEstimate` (time, algbw, busbw, algorithm, protocol, band, regime).
 
     Raises:
-        ValueError: unknown names, a network missing for several nodes, both a spec and
-            keywords, or an algorithm that NCCL does not run there (e.g. NVLS across nodes
-            without SHARP).
+        ValueError: unknown names, a network missing for several nodes, or an algorithm that
+            NCCL does not run there (e.g. NVLS across nodes without SHARP).
 
     References:
         NVIDIA NCCL v2.30.7-1 ``src/graph`` (tuning.cc, search.cc, topo.h); nccl-tests
         ``doc/PERFORMANCE.md``; :mod:`clusterlab.catalog.published.nccl_tests`.
     """
-    spec = _keyword_cluster(cluster, gpu=gpu, n_nodes=n_nodes, gpus_per_node=gpus_per_node,
-                            nic=nic, nics_per_node=nics_per_node,
-                            intra_node_link=intra_node_link,
-                            intra_node_bytes_per_s=intra_node_bytes_per_s,
-                            network_bytes_per_s=network_bytes_per_s, sharp=sharp)
-    estimate = _model.estimate(op, nbytes, spec, algorithm=algorithm, protocol=protocol)
-    return estimate if spec.n_gpus == 1 else _with_regime_band(estimate, spec, fabric)
+    estimate = _model.estimate(op, nbytes, cluster, algorithm=algorithm, protocol=protocol)
+    return estimate if cluster.n_gpus == 1 else _with_regime_band(estimate, cluster, fabric)
 
 
 def _with_regime_band(estimate: CollectiveEstimate, spec: hardware.ClusterSpec,
@@ -142,24 +90,14 @@ def _with_regime_band(estimate: CollectiveEstimate, spec: hardware.ClusterSpec,
     return validation.with_band(estimate, where)
 
 
-def all_reduce_time(nbytes: float, cluster: hardware.ClusterSpec | None = None, *,
-                    gpu: hardware.GPU | str | None = None, n_nodes: int | None = None,
-                    gpus_per_node: int | None = None, nic: str | None = None,
-                    nics_per_node: int | None = None, intra_node_link: str | None = None,
-                    intra_node_bytes_per_s: float | None = None,
-                    network_bytes_per_s: float | None = None, sharp: bool = False) -> float:
+def all_reduce_time(nbytes: float, cluster: hardware.ClusterSpec) -> float:
     """Seconds of an all-reduce of ``nbytes`` per GPU: ``cluster_collective(...).time_s``.
 
     Args:
         nbytes: the buffer each GPU all-reduces, in bytes.
-        cluster: the cluster; or the keyword form of :func:`cluster_collective`.
+        cluster: the cluster.
 
     Returns:
         Seconds, NCCL's pick (the band is not needed for a time).
     """
-    spec = _keyword_cluster(cluster, gpu=gpu, n_nodes=n_nodes, gpus_per_node=gpus_per_node,
-                            nic=nic, nics_per_node=nics_per_node,
-                            intra_node_link=intra_node_link,
-                            intra_node_bytes_per_s=intra_node_bytes_per_s,
-                            network_bytes_per_s=network_bytes_per_s, sharp=sharp)
-    return _model.estimate("all_reduce", nbytes, spec).time_s
+    return _model.estimate("all_reduce", nbytes, cluster).time_s

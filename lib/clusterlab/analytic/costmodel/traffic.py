@@ -90,8 +90,8 @@ def gradient_buckets(total_bytes: int, bucket_bytes: int) -> list[int]:
     """Sizes in bytes of the buckets a gradient of ``total_bytes`` is cut into.
 
     ``ceil(total / bucket)`` buckets, all full but the last (as
-    :func:`clusterlab.device.collectives.all_reduce_gradients` cuts them). Each is one all-reduce, so
-    under a fitted per-call line ``t = alpha + beta * bytes`` the gradient costs
+    :func:`clusterlab.device.collectives.all_reduce_gradients` cuts them). Each is one all-reduce,
+    so under a fitted per-call line ``t = alpha + beta * bytes`` the gradient costs
     ``len(buckets) * alpha + beta * total_bytes``: small buckets pay the latency many times.
 
     Args:

@@ -1,10 +1,10 @@
 """The NCCL model held against published nccl-tests rows, by regime, and the band it sets.
 
-:func:`validation_table` prices every published row (:mod:`clusterlab.catalog.published.nccl_tests`)
-with the model of :mod:`clusterlab.analytic.costmodel._model`; :func:`validation_by_regime` summarises
-the errors per regime (nodes, fabric, op family, size class); :func:`with_band` turns a regime's
-errors into the band of a healthy measurement that
-:func:`clusterlab.analytic.costmodel.cluster_collective` reports.
+:func:`nccl_validation_table` prices every published row
+(:mod:`clusterlab.catalog.published.nccl_tests`) with the model of
+:mod:`clusterlab.analytic.costmodel._model`; :func:`validation_by_regime` summarises the errors per
+regime (nodes, fabric, op family, size class); :func:`with_band` turns a regime's errors into the
+band of a healthy measurement that :func:`clusterlab.analytic.costmodel.cluster_collective` reports.
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ def with_band(estimate: CollectiveEstimate, where: Regime) -> CollectiveEstimate
 
 @dataclass(frozen=True)
 class ValidationRow:
-    """One published measurement beside the model (:func:`validation_table`)."""
+    """One published measurement beside the model (:func:`nccl_validation_table`)."""
 
     system: str
     op: str
@@ -87,7 +87,7 @@ def _model_row(row: nccl_tests.PublishedRow) -> ValidationRow:
                          published_algorithm=row.algorithm)
 
 
-def validation_table(role: str | None = "test") -> list[ValidationRow]:
+def nccl_validation_table(role: str | None = "test") -> list[ValidationRow]:
     """The model beside every published nccl-tests row (of one role, by default the tests).
 
     Args:
@@ -124,7 +124,7 @@ def validation_by_regime(rows: Sequence[ValidationRow] | None = None) -> list[Re
     Rows forced to an algorithm NCCL would not pick still count: they test that algorithm's
     price. Rows that set a parameter (``role="set"``) are left out: their error proves nothing.
     """
-    rows = validation_table("test") if rows is None else [r for r in rows if r.role == "test"]
+    rows = nccl_validation_table("test") if rows is None else [r for r in rows if r.role == "test"]
     groups: dict[Regime, list[ValidationRow]] = {}
     for r in rows:
         groups.setdefault(r.regime, []).append(r)
@@ -141,7 +141,7 @@ def validation_by_regime(rows: Sequence[ValidationRow] | None = None) -> list[Re
 @functools.lru_cache(maxsize=1)
 def _regime_errors(launch_overhead_s: float,
                    fill_chunks: float) -> dict[Regime, tuple[float, ...]]:
-    return {e.regime: tuple(r.error for r in validation_table("test") if r.regime == e.regime)
+    return {e.regime: tuple(r.error for r in nccl_validation_table("test") if r.regime == e.regime)
             for e in validation_by_regime()}
 
 
@@ -160,7 +160,7 @@ def format_regime_errors(errors: Sequence[RegimeError]) -> str:
 
 
 def format_validation_table(rows: Sequence[ValidationRow]) -> str:
-    """A fixed-width table of :func:`validation_table` rows: system, op, size, published and
+    """A fixed-width table of :func:`nccl_validation_table` rows: system, op, size, published and
     model busbw (GB/s), the algorithm the model picks, and the error."""
     lines = [f"{'system':<52} {'op':<14} {'size':>9} {'published':>9} {'model':>8} "
              f"{'algorithm':>9} {'error':>7}"]

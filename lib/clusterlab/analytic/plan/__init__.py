@@ -3,17 +3,18 @@
 Every model takes a cluster as one :class:`clusterlab.catalog.hardware.ClusterSpec` (:func:`cluster`
 builds one from catalog names, counted in GPUs). The package, by job:
 
-* :mod:`~clusterlab.analytic.plan.step`: the data-parallel step (:func:`data_parallel_step`): compute
-  from the course's one MFU numerator (:func:`clusterlab.analytic.flops.transformer_flops_per_token`),
-  the gradient all-reduce, and the part of it that the backward pass cannot hide.
+* :mod:`~clusterlab.analytic.plan.step`: the data-parallel step (:func:`data_parallel_step`):
+  compute from the course's one MFU numerator
+  (:func:`clusterlab.analytic.flops.transformer_flops_per_token`), the gradient all-reduce, and the
+  part of it that the backward pass cannot hide.
 * The planner: a :class:`Workload` (model size, tokens or a time budget, sequence length, global
   batch; a mixture of experts, :class:`MoE`, optional) on a cluster under a :class:`Layout`
-  (data, tensor, pipeline, context and expert parallel degrees, ZeRO stage) and :class:`Assumptions` (:mod:`~clusterlab.analytic.plan.workload`) gives a :class:`Plan`
+  (data, tensor, pipeline, context and expert parallel degrees, ZeRO stage) and :class:`Assumptions`
+  (:mod:`~clusterlab.analytic.plan.workload`) gives a :class:`Plan`
   (:mod:`~clusterlab.analytic.plan.prediction`): memory per device, a step summed from compute,
   tensor-parallel all-reduces (inside a node), context parallelism's K/V all-gathers
-  (:func:`kv_all_gather_bytes`), expert parallelism's all-to-alls
-  (:func:`expert_all_to_all_bytes`, unvalidated: no published MoE training row), pipeline
-  sends and bubble, the data-parallel
+  (:func:`kv_all_gather_bytes`), expert parallelism's all-to-alls (:func:`expert_all_to_all_bytes`,
+  unvalidated: no published MoE training row), pipeline sends and bubble, the data-parallel
   all-reduce and waiting for storage; MFU, time to train and the bottleneck. :func:`predict`
   prices one layout; :mod:`~clusterlab.analytic.plan.search` ranks all layouts that fit
   (:func:`rank_layouts`) and finds the smallest cluster that meets a deadline
@@ -26,8 +27,8 @@ builds one from catalog names, counted in GPUs). The package, by job:
   (:func:`validation_table`: published, predicted, error and source per row).
 
 Every all-reduce (tensor- and data-parallel) is priced by
-:func:`clusterlab.analytic.costmodel.cluster_collective`, latency included. What the planner leaves out,
-on purpose: failures (see :mod:`clusterlab.analytic.reliability`).
+:func:`clusterlab.analytic.costmodel.cluster_collective`, latency included. What the planner leaves
+out, on purpose: failures (see :mod:`clusterlab.analytic.reliability`).
 
 Units: bytes, seconds, FLOPs, bytes/s per direction (1 GB = 1e9 bytes).
 """

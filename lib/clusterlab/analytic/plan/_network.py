@@ -1,4 +1,5 @@
-"""The planner's one door to :func:`clusterlab.analytic.costmodel.cluster_collective`: an all-reduce on a
+"""The planner's one door to :func:`clusterlab.analytic.costmodel.cluster_collective`: an all-reduce
+on a
 :class:`clusterlab.catalog.hardware.ClusterSpec`, and a group's share of a cluster as a spec."""
 
 from __future__ import annotations

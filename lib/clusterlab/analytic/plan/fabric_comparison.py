@@ -18,7 +18,8 @@ from clusterlab.catalog.hardware import ClusterSpec
 class DataParallelJob:
     """A data-parallel training job as the fabric comparison prices it (no pipeline, no TP).
 
-    Attributes mirror :func:`clusterlab.analytic.plan.data_parallel_step`; the gradients travel in BF16.
+    Attributes mirror :func:`clusterlab.analytic.plan.data_parallel_step`; the gradients travel in
+    BF16.
     """
 
     n_params: float                  # N, parameters
@@ -59,20 +60,21 @@ def fabric_step(job: DataParallelJob, cluster: ClusterSpec, *, overlap: float = 
     """One data-parallel step of ``job`` on every GPU of ``cluster``: compute plus the exposed
     all-reduce.
 
-    The gradient all-reduce is :func:`clusterlab.analytic.costmodel.cluster_collective` (the one model of
-    NCCL across nodes) on the cluster; the step is :func:`clusterlab.analytic.plan.data_parallel_step`.
+    The gradient all-reduce is :func:`clusterlab.analytic.costmodel.cluster_collective` (the one
+    model of NCCL across nodes) on the cluster; the step is
+    :func:`clusterlab.analytic.plan.data_parallel_step`.
 
     Compute is ``job.compute_efficiency`` of peak, not the per-GEMM model that
-    :func:`clusterlab.analytic.plan.predict` uses by default (``Assumptions.compute_efficiency=None``),
-    on purpose: the comparison asks what the *network* costs, so it holds compute at one stated
-    fraction that the chapters' code and prose reason with (chapter 01's and 08's ``e = 0.5``,
-    chapter 07's "the GPUs alone could do 50%"), and the same fraction on every cluster keeps
-    the fabrics' ratios a statement about fabrics. The per-GEMM model would price
-    :data:`FABRIC_JOB`'s compute at 75% of peak (33 layers of 4224, one 4096-token sequence
-    per micro-batch on an H100; ``tests/test_plan.py`` computes it), which shortens every step's
-    compute by a third and makes the network a larger share; for that question use
-    :func:`clusterlab.analytic.plan.predict` with ``Layout(dp=n_gpus)``, whose data-parallel term is this
-    function's all-reduce (lab 10 checks the two agree at ``compute_efficiency=0.5``).
+    :func:`clusterlab.analytic.plan.predict` uses by default
+    (``Assumptions.compute_efficiency=None``), on purpose: the comparison asks what the *network*
+    costs, so it holds compute at one stated fraction that the chapters' code and prose reason with
+    (chapter 01's and 08's ``e = 0.5``, chapter 07's "the GPUs alone could do 50%"), and the same
+    fraction on every cluster keeps the fabrics' ratios a statement about fabrics. The per-GEMM
+    model would price :data:`FABRIC_JOB`'s compute at 75% of peak (33 layers of 4224, one 4096-token
+    sequence per micro-batch on an H100; ``tests/test_plan.py`` computes it), which shortens every
+    step's compute by a third and makes the network a larger share; for that question use
+    :func:`clusterlab.analytic.plan.predict` with ``Layout(dp=n_gpus)``, whose data-parallel term is
+    this function's all-reduce (lab 10 checks the two agree at ``compute_efficiency=0.5``).
 
     Args:
         job: the workload.

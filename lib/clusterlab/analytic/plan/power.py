@@ -111,9 +111,9 @@ def peak_flops_per_facility_w(system: hardware.Node | hardware.Rack | str, *,
     """Dense peak FLOP/s a server or rack design delivers per watt the facility draws.
 
     One GPU's dense peak at ``precision`` over its share of the facility's power: the system's
-    power per GPU (:func:`clusterlab.catalog.hardware.power_per_gpu_w`), plus ``other_it_fraction`` for
-    IT outside it, times the PUE. Within a fixed power envelope this, not the GPU count, sets the
-    compute a site can hold.
+    power per GPU (:func:`clusterlab.catalog.hardware.power_per_gpu_w`), plus ``other_it_fraction``
+    for IT outside it, times the PUE. Within a fixed power envelope this, not the GPU count, sets
+    the compute a site can hold.
 
     Args:
         system: a server or rack of :mod:`clusterlab.catalog.hardware` or its name.

@@ -23,10 +23,10 @@ References:
     Expert parallelism: DeepSpeed's expert-parallel and expert-data-parallel groups
     (deepspeed/utils/groups.py, ``_create_expert_and_data_parallel``) and Megatron Core's MoE
     guide (see :mod:`clusterlab.analytic.plan.workload`); the all-to-all's buffer is
-    :func:`clusterlab.analytic.moe.all_to_all_bytes` (GShard, Lepikhin et al. 2021; Switch, Fedus et al.
-    2021), the function lab 13 checks against the compiled expert-parallel layer. No published
-    MoE training run is in :func:`clusterlab.analytic.plan.validation_table`: the expert-parallel terms
-    are unvalidated.
+    :func:`clusterlab.analytic.moe.all_to_all_bytes` (GShard, Lepikhin et al. 2021; Switch, Fedus et
+    al. 2021), the function lab 13 checks against the compiled expert-parallel layer. No published
+    MoE training run is in :func:`clusterlab.analytic.plan.validation_table`: the expert-parallel
+    terms are unvalidated.
 """
 
 from __future__ import annotations
@@ -283,8 +283,8 @@ def broken_rule(workload: Workload, layout: Layout, *, schedule_rules: bool = Tr
     context-parallel ranks together). Expert parallelism (ep > 1) needs a workload with
     experts, and ``ep`` dividing both the experts and ``dp`` (its ranks are data-parallel
     ranks, :class:`Layout`). :func:`predict` leaves the schedule rules out: it
-    prices a stage of ``L / pp`` layers as an average, so a layout Megatron would refuse (Llama 3's 126 layers in
-    16 x 4 chunks) can still be estimated.
+    prices a stage of ``L / pp`` layers as an average, so a layout Megatron would refuse (Llama 3's
+    126 layers in 16 x 4 chunks) can still be estimated.
 
     Returns:
         The rule's name (no numbers, so that refusals of one rule count together), or None.
@@ -383,14 +383,14 @@ def _memory(workload: Workload, layout: Layout, assumptions: Assumptions,
             microbatches: int) -> tuple[float, float]:
     """(model states, activations) per GPU of the busiest (first) pipeline stage, in bytes.
 
-    The states are :func:`clusterlab.analytic.memory.training_memory_per_device` of the ``N/(tp pp)``
-    parameters a GPU holds, ZeRO-sharded over ``dp`` (FP32 gradients with
+    The states are :func:`clusterlab.analytic.memory.training_memory_per_device` of the ``N/(tp
+    pp)`` parameters a GPU holds, ZeRO-sharded over ``dp`` (FP32 gradients with
     ``fp32_grad_accumulation``). The activations are one micro-batch's of the stage's layers
-    (:func:`clusterlab.analytic.memory.transformer_layer_activation_bytes`, sequence parallel when tp > 1
-    unless the layout turns it off; the "flash" policy stores what "selective" does, the scores never being stored)
-    times the micro-batches the schedule keeps in flight on the first stage
-    (:func:`clusterlab.analytic.costmodel.pipeline_activation_microbatches`: ``min(p, m)`` for 1F1B,
-    ``p + (p-1)/v`` interleaved).
+    (:func:`clusterlab.analytic.memory.transformer_layer_activation_bytes`, sequence parallel when
+    tp > 1 unless the layout turns it off; the "flash" policy stores what "selective" does, the
+    scores never being stored) times the micro-batches the schedule keeps in flight on the first
+    stage (:func:`clusterlab.analytic.costmodel.pipeline_activation_microbatches`: ``min(p, m)`` for
+    1F1B, ``p + (p-1)/v`` interleaved).
 
     Context parallelism: a GPU keeps the activations of its ``s / cp`` tokens, ``1/cp`` of a
     layer's (the scores of "none", ``s/cp`` queries by ``s`` keys, too); the gathered K and V
@@ -433,8 +433,8 @@ def _compute_s(workload: Workload, cluster: ClusterSpec, layout: Layout,
     (:func:`_bubble_s`) pass through the plain stages.
 
     By default (``compute_efficiency`` None) each layer is
-    :func:`clusterlab.analytic.gemm.transformer_layer_time_s`: its GEMMs priced by shape (tile and wave
-    quantization over the SMs, the ceiling of a published matmul benchmark, the memory-bound
+    :func:`clusterlab.analytic.gemm.transformer_layer_time_s`: its GEMMs priced by shape (tile and
+    wave quantization over the SMs, the ceiling of a published matmul benchmark, the memory-bound
     regime) and its element-wise kernels by their bytes over HBM bandwidth; the output layer is
     :func:`clusterlab.analytic.gemm.output_layer_time_s`. With a ``compute_efficiency`` (a
     calibration), ``Workload.hardware_flops_per_token`` of every token, and the output layer's
@@ -703,8 +703,8 @@ def expert_all_to_all_bytes(workload: Workload, layout: Layout) -> int:
     """Bytes of one dispatch (or combine) all-to-all per GPU: the buffer of ``E`` experts'
     ``C`` slots of ``d`` BF16 values, ``C = ceil(capacity_factor * T k / E)`` for the
     ``T = micro_batch * s / cp`` tokens a GPU routes per micro-batch
-    (:func:`clusterlab.analytic.moe.all_to_all_bytes`, the buffer nccl-tests counts). Every tp GPU of
-    the group sends its micro-batch's tokens whole (the experts are split over tp, so each tp
+    (:func:`clusterlab.analytic.moe.all_to_all_bytes`, the buffer nccl-tests counts). Every tp GPU
+    of the group sends its micro-batch's tokens whole (the experts are split over tp, so each tp
     rank's share of an expert needs them).
 
     Raises:
@@ -766,15 +766,16 @@ def predict(workload: Workload, cluster: ClusterSpec, layout: Layout,
     * memory (:func:`_memory`): ZeRO-sharded model states plus the schedule's in-flight
       activations (1F1B or interleaved);
     * compute (:func:`_compute_s`): each layer's GEMMs by shape and its element-wise kernels by
-      bytes (:mod:`clusterlab.analytic.gemm`), or the step's FLOPs at a given ``compute_efficiency``;
-      the last stage's, with the output layer when the workload has a vocabulary;
+      bytes (:mod:`clusterlab.analytic.gemm`), or the step's FLOPs at a given
+      ``compute_efficiency``; the last stage's, with the output layer when the workload has a
+      vocabulary;
     * tensor parallel: Megatron's all-reduces per layer, each by
       :func:`clusterlab.analytic.costmodel.cluster_collective` on the ``tp`` GPUs of a node;
     * expert parallel (ep > 1): per MoE layer two all-to-alls forward and two backward of the
       dispatch buffers (:func:`expert_all_to_all_bytes`), unvalidated, not hidden;
     * pipeline sends: activations forward and gradients back, not hidden;
-    * pipeline bubble: :func:`clusterlab.analytic.costmodel.pipeline_bubble_fraction` of the pipeline's
-      time, ``(p-1)/(v m)`` of compute and tensor-parallel time;
+    * pipeline bubble: :func:`clusterlab.analytic.costmodel.pipeline_bubble_fraction` of the
+      pipeline's time, ``(p-1)/(v m)`` of compute and tensor-parallel time;
     * data parallel: :func:`dp_all_reduce` of the gradients once a step (ZeRO-0 and 1), with a
       reduce-scatter more per micro-batch (ZeRO-2), or ZeRO-3's gathers and scatter in every
       micro-batch, less what hides behind compute (:func:`_data_parallel`);

@@ -43,8 +43,8 @@ def _divisors(n: int) -> list[int]:
 class SearchSpace:
     """The values the search tries; a value that a layout's rules forbid is refused, not tried.
 
-    Rules (Megatron-LM's, :func:`clusterlab.analytic.plan.prediction.broken_rule`): a micro-batch size
-    divides each replica's sequences; virtual stages > 1 need pp > 1, layers divisible by
+    Rules (Megatron-LM's, :func:`clusterlab.analytic.plan.prediction.broken_rule`): a micro-batch
+    size divides each replica's sequences; virtual stages > 1 need pp > 1, layers divisible by
     pp * v and micro-batches a multiple of pp; ZeRO > 0 needs dp * cp > 1; cp > 1 needs the
     sequence divisible by 2 * cp and tp * cp dividing a node or a multiple of it; ep > 1 needs
     a workload with experts and ep dividing dp and the number of experts.

@@ -1,12 +1,12 @@
 """The data-parallel step: compute plus the part of the gradient all-reduce left exposed.
 
-Used by the fabric comparison (:mod:`clusterlab.analytic.plan.fabric_comparison`), which hides a stated
-fraction of the all-reduce (chapter 8's eta), and by the planner
+Used by the fabric comparison (:mod:`clusterlab.analytic.plan.fabric_comparison`), which hides a
+stated fraction of the all-reduce (chapter 8's eta), and by the planner
 (:mod:`clusterlab.analytic.plan.prediction`), which models what hides instead: gradient buckets
 reduced behind a window of compute (:func:`exposed_bucketed_reduce_s`; the window is the last
 micro-batch's backward pass in Megatron, each micro-batch's passes under ZeRO-2 and 3).
-Its FLOPs are the course's one MFU numerator, :func:`clusterlab.analytic.flops.transformer_flops_per_token`
-(PaLM's ``6N + 12 L s d``).
+Its FLOPs are the course's one MFU numerator,
+:func:`clusterlab.analytic.flops.transformer_flops_per_token` (PaLM's ``6N + 12 L s d``).
 """
 
 from __future__ import annotations
@@ -29,7 +29,8 @@ class StepTime:
         model_flops: FLOPs of the step, ``B * flops.transformer_flops_per_token(...)``.
         n_devices: devices taking part.
         peak_flops_per_device: each device's peak FLOP/s.
-        all_reduce: the gradient all-reduce's :class:`clusterlab.analytic.costmodel.CollectiveEstimate`
+        all_reduce: the gradient all-reduce's
+        :class:`clusterlab.analytic.costmodel.CollectiveEstimate`
             when :func:`clusterlab.analytic.plan.fabric_step` priced it (its ``validated`` flag says
             whether published rows back that regime, ``nccl_release`` which NCCL's rules priced
             it); None when the caller gave the time.

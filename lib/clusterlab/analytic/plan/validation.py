@@ -45,7 +45,8 @@ LLAMA3_VOCAB = 128_256        # Meta-Llama-3 config.json [meta_llama3_70b_config
 MEGATRON = Assumptions(fp32_grad_accumulation=True)
 
 #: A TPU v4 chip as a planner GPU: no SM count and no matmul benchmark row, so its GEMMs run at
-#: clusterlab.analytic.gemm's unmeasured ceiling; nvlink_generation 4 lets cluster_collective price the
+#: clusterlab.analytic.gemm's unmeasured ceiling; nvlink_generation 4 lets cluster_collective price
+# the
 #: pod's all-reduces as NCCL would on NVLink4 (it has no model of ICI).
 TPU_V4 = hardware.GPU(
     "TPU v4", memory_bytes=32 * 2**30, hbm_bytes_per_s=1.2e12, bf16_flops=275e12,
@@ -138,7 +139,8 @@ def validation_table() -> list[ValidationRow]:
     """Every published row, predicted under the planner's defaults (Megatron's FP32 gradients
     for the Korthikanti rows): Korthikanti Table 5 (8 rows), Megatron 1T (HFU), PaLM (MFU),
     Llama 3 405B (MFU, 2 rows). Twelve predictions: 0.73 s in a fresh process on the course's
-    2-core machine at load average 15 (2 December 2026), 0.01 s once clusterlab.analytic.gemm has cached
+    2-core machine at load average 15 (2 December 2026), 0.01 s once clusterlab.analytic.gemm has
+    cached
     the layers."""
     rows = []
     for run in training_runs.rows(timed=True):

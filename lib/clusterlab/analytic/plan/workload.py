@@ -13,7 +13,8 @@ References:
     Megatron Core, "Mixture of Experts" (MoE) user guide: the expert-parallel size divides the
     data-parallel size and the number of experts; expert tensor parallelism defaults to the
     tensor-parallel size (Megatron Core 0.x; the planner follows it, the guide was not re-read
-    for this change). https://docs.nvidia.com/megatron-core/developer-guide/latest/api-guide/moe.html
+    for this change).
+    https://docs.nvidia.com/megatron-core/developer-guide/latest/api-guide/moe.html
 """
 
 from __future__ import annotations
@@ -28,7 +29,8 @@ from clusterlab.catalog import hardware
 from clusterlab.catalog.hardware import ClusterSpec
 
 
-#: The recomputation policies, :data:`clusterlab.analytic.gemm.RECOMPUTE_POLICIES` (one tuple): "flash"
+#: The recomputation policies, :data:`clusterlab.analytic.gemm.RECOMPUTE_POLICIES` (one tuple):
+# "flash"
 #: (the default, ``recompute=False``), "none", "selective" and "full" (``recompute=True``); a
 #: "selective" step runs one more forward of attention's ``4 L s d`` FLOPs per token, a "full"
 #: one one more forward of everything.
@@ -81,8 +83,8 @@ class Workload:
     attention and a dense MLP (:attr:`mlp_width`).
 
     Give ``n_tokens`` (time to train is predicted), ``time_budget_s`` (tokens trainable in the
-    budget are predicted), or both (:func:`clusterlab.analytic.plan.gpus_needed` sizes the cluster to
-    the budget).
+    budget are predicted), or both (:func:`clusterlab.analytic.plan.gpus_needed` sizes the cluster
+    to the budget).
     """
 
     n_params: float                      # N, model parameters
@@ -267,8 +269,8 @@ class Workload:
 def cluster(gpu: str, n_gpus: int, *, storage_read_bytes_per_s: float, gpus_per_node: int = 8,
             node_link: str | None = None, fabric_link: str = "IB-NDR",
             nics_per_node: int | None = None, name: str = "") -> ClusterSpec:
-    """A :class:`clusterlab.catalog.hardware.ClusterSpec` from names in :mod:`clusterlab.catalog.hardware`,
-    counted in GPUs rather than nodes.
+    """A :class:`clusterlab.catalog.hardware.ClusterSpec` from names in
+    :mod:`clusterlab.catalog.hardware`, counted in GPUs rather than nodes.
 
     Args:
         gpu: a key of ``hardware.GPUS`` (case-insensitive), e.g. ``"H100"``.
@@ -321,10 +323,10 @@ class Layout:
     parameters and optimizer state of its tp/pp shard; see :func:`clusterlab.analytic.plan.predict`.
 
     Expert parallelism (``ep`` > 1, a workload with ``moe``) follows DeepSpeed's groups and
-    Megatron Core (see the module's references): the ``ep`` GPUs of an expert-parallel group are ``ep`` consecutive
-    data-parallel ranks (same tp, cp and pp ranks), so ``ep`` divides ``dp`` and the number of
-    experts, and each GPU holds ``E / ep`` experts of every MoE layer of its stage. The
-    experts are also split over tp as the dense MLP is (Megatron Core's expert tensor
+    Megatron Core (see the module's references): the ``ep`` GPUs of an expert-parallel group are
+    ``ep`` consecutive data-parallel ranks (same tp, cp and pp ranks), so ``ep`` divides ``dp`` and
+    the number of experts, and each GPU holds ``E / ep`` experts of every MoE layer of its stage.
+    The experts are also split over tp as the dense MLP is (Megatron Core's expert tensor
     parallelism at its default, the tp size): a GPU holds ``1 / (tp pp ep)`` of the experts'
     parameters. Their gradients are reduced over the ``dp cp / ep`` GPUs that hold the same
     experts; the dense parameters' over ``dp cp`` as before. Per MoE layer two all-to-alls run
@@ -374,7 +376,8 @@ class Assumptions:
     lab on utilization measures the first).
     """
 
-    #: None: compute priced per GEMM by shape (clusterlab.analytic.gemm: waves over the SMs, a published
+    #: None: compute priced per GEMM by shape (clusterlab.analytic.gemm: waves over the SMs, a
+    # published
     #: matmul benchmark's ceiling, the memory-bound regime); a number: the fraction of peak
     #: FLOP/s every kernel reaches, a calibration from a measurement (lab 08's)
     compute_efficiency: float | None = None

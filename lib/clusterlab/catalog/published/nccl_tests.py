@@ -3,8 +3,8 @@
 Every row below was read in its source (URL and place given per row); none is estimated or
 derived from another row. What a row is for (``role``):
 
-* ``"set"``: the row sets a parameter of :func:`clusterlab.analytic.costmodel.cluster_collective`; the
-  model is *fitted* to it, so its error proves nothing. The model takes its constants from
+* ``"set"``: the row sets a parameter of :func:`clusterlab.analytic.costmodel.cluster_collective`;
+  the model is *fitted* to it, so its error proves nothing. The model takes its constants from
   NCCL's source (``tuning.cc``, ``enqueue.cc``); the two row-fitted constants are the launch
   overhead (``costmodel.LAUNCH_OVERHEAD_S``) and the pipeline's fill in chunk-times
   (``costmodel.PIPELINE_FILL_CHUNKS``), fitted together to the 8x H200 sweep at <= 16 MiB.

@@ -1,4 +1,5 @@
-"""Published training runs the planner (:mod:`clusterlab.analytic.plan`) is held to, each with its source.
+"""Published training runs the planner (:mod:`clusterlab.analytic.plan`) is held to, each with its
+source.
 
 Every row is one run of Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large
 Transformer Models", MLSys 2023, https://arxiv.org/abs/2205.05198): its configuration (Table 3:

@@ -1,11 +1,11 @@
 """What lab 09 and the tests run in every process of a multi-process job.
 
-Each function runs inside a process already joined by :func:`clusterlab.device.distributed.init` (the
-launcher's ``run`` calls it first) and returns JSON-serialisable results. As a script,
-``python -m clusterlab.course.examples.multihost`` joins the job itself, checks the collectives and a
-data-parallel step against one device, prints the verdicts and exits non-zero when one fails
-(:func:`main`): the same command runs under ``python -m clusterlab.device.launch`` on one machine and
-under ``srun`` on a cluster (``tests/test_slurm.py`` runs it under a real SLURM).
+Each function runs inside a process already joined by :func:`clusterlab.device.distributed.init`
+(the launcher's ``run`` calls it first) and returns JSON-serialisable results. As a script,
+``python -m clusterlab.course.examples.multihost`` joins the job itself, checks the collectives and
+a data-parallel step against one device, prints the verdicts and exits non-zero when one fails
+(:func:`main`): the same command runs under ``python -m clusterlab.device.launch`` on one machine
+and under ``srun`` on a cluster (``tests/test_slurm.py`` runs it under a real SLURM).
 """
 
 from __future__ import annotations
@@ -96,8 +96,8 @@ def measure_collectives(sizes_bytes: Sequence[int], *, repeats: int = 7) -> dict
     ``intra`` runs over the devices of each process, ``inter`` over the processes (one
     all-reduce per device index, all at once), ``flat`` over every device, ``hierarchical`` is
     :func:`clusterlab.device.collectives.hierarchical_all_reduce`. The four take turns
-    (:func:`clusterlab.device.bench.time_interleaved`), so a change in the machine's load falls on all
-    of them alike.
+    (:func:`clusterlab.device.bench.time_interleaved`), so a change in the machine's load falls on
+    all of them alike.
 
     Args:
         sizes_bytes: per-device buffer sizes in bytes (float32, a multiple of 4 * devices).

@@ -14,7 +14,8 @@ automatic=False, ...)`` returns a :class:`Strategy` (``shard``, ``unshard``, ``i
 * :mod:`clusterlab.device.parallel.context` - context parallelism: ring attention (contiguous and
   zig-zag placements) and Ulysses, beside one device's attention; attention layers, not a
   training step, so they have no ``make_<strategy>`` of the shape above.
-* :mod:`clusterlab.device.parallel.experts` - a mixture-of-experts layer, expert-parallel (all-to-alls).
+* :mod:`clusterlab.device.parallel.experts` - a mixture-of-experts layer, expert-parallel
+  (all-to-alls).
 
 Communication comes from :mod:`clusterlab.device.collectives`; axis names are arguments.
 """
@@ -22,5 +23,6 @@ Communication comes from :mod:`clusterlab.device.collectives`; axis names are ar
 from clusterlab.device.parallel._common import Params, Strategy, train
 
 # The strategies' shared types and their one training loop; each strategy, and the attention and
-# expert layers, are imported from their own module (``from clusterlab.device.parallel import data``).
+# expert layers, are imported from their own module (``from clusterlab.device.parallel import
+# data``).
 __all__ = ["Params", "Strategy", "train"]

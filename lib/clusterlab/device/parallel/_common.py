@@ -60,8 +60,8 @@ class Strategy:
             ``.lower`` works, so :func:`clusterlab.device.hlo.compiled_collectives` reads it).
         grads: ``grads(laid_out, x, y) -> grads`` on the host: the gradient the step's
             optimizer receives, computed by the same code, to check against
-            :func:`clusterlab.device.models.reference_gradients` (Adam hides a uniform wrong factor, the
-            gradients do not). Structured as ``unshard``'s parameters, except for data
+            :func:`clusterlab.device.models.reference_gradients` (Adam hides a uniform wrong factor,
+            the gradients do not). Structured as ``unshard``'s parameters, except for data
             parallelism, where every device holds a whole copy: one row per device (leaves
             f32[p, ...]), so that a check sees every replica.
         loss_value: ``loss_value(loss) -> f32[]``: the step's loss output as one number.

@@ -27,9 +27,10 @@ The sequence's order on the devices is a *placement* (``"contiguous"`` or ``"zig
 :func:`to_placement` reorders a global array so that ``P(None, axis)`` gives each device its
 tokens, :func:`from_placement` undoes it.
 
-Communication: ``jax.lax.ppermute`` and ``jax.lax.all_to_all`` directly (``clusterlab.device.collectives``
-has no ring-shift or all-to-all wrapper yet). Their transposes (JAX 0.10.2) are the reverse
-``ppermute`` and the inverse ``all_to_all``, so gradients need no hand-written backward.
+Communication: ``jax.lax.ppermute`` and ``jax.lax.all_to_all`` directly
+(``clusterlab.device.collectives`` has no ring-shift or all-to-all wrapper yet). Their transposes
+(JAX 0.10.2) are the reverse ``ppermute`` and the inverse ``all_to_all``, so gradients need no
+hand-written backward.
 
 References:
     Liu, Zaharia & Abbeel, "Ring Attention with Blockwise Transformers for Near-Infinite
@@ -87,8 +88,8 @@ class Traffic(NamedTuple):
     Attributes:
         kind: the XLA opcode, ``"collective-permute"`` (ring) or ``"all-to-all"`` (Ulysses).
         n_ops: how many of them.
-        result_bytes: bytes of each one's result per device (as :mod:`clusterlab.device.hlo` counts).
-        total_bytes: their sum.
+        result_bytes: bytes of each one's result per device (as :mod:`clusterlab.device.hlo`
+        counts). total_bytes: their sum.
         sent_bytes_per_device: bytes that leave each device: a ring step sends its whole
             buffer, an all-to-all keeps 1/p of its own and sends (p-1)/p.
     """

@@ -10,7 +10,8 @@ floating-point summation order.
 The three forms build the same step and differ in who writes the communication:
 
 * ``form="pmap"``: the classic form: the function runs once per device over a leading device
-  axis, and calls the gradient mean itself (:func:`clusterlab.device.collectives.all_reduce_gradients`).
+  axis, and calls the gradient mean itself
+  (:func:`clusterlab.device.collectives.all_reduce_gradients`).
 * ``form="shard_map"`` (the default): the same per-device code over named mesh axes; the
   all-reduce is explicit, may be bucketed, or left out to time the step without communication.
 * ``automatic=True``: single-device code with the batch sharded (``NamedSharding``); the compiler

@@ -11,13 +11,13 @@ al. 2021). This module holds one such layer three ways:
   probabilities when ``False`` (Switch, top-1: the output is scaled by the gate value p_i(x),
   Fedus et al. 2021, Eq. 2; with k = 1 a renormalised weight would always be 1).
 * capacity and dropping: each expert takes at most ``C = ceil(capacity_factor * T * k / E)``
-  assignments from a group of ``T`` tokens (:func:`clusterlab.analytic.moe.expert_capacity`; Switch's "expert capacity"
-  times k). Assignments are served first-come in token order (token 0's k choices in rank order,
-  then token 1's, ...); those beyond an expert's ``C`` are *dropped*: that choice adds nothing to
-  the token's output (the layer around it keeps the residual). :func:`clusterlab.analytic.moe.predicted_dropped` counts
-  them from the assignments alone: ``sum_e max(0, n_e - C)`` per group. These counts, and the
-  all-to-all's bytes, are NumPy-only and live in :mod:`clusterlab.analytic.moe` , so
-  the planner prices expert parallelism with the same functions.
+  assignments from a group of ``T`` tokens (:func:`clusterlab.analytic.moe.expert_capacity`;
+  Switch's "expert capacity" times k). Assignments are served first-come in token order (token 0's k
+  choices in rank order, then token 1's, ...); those beyond an expert's ``C`` are *dropped*: that
+  choice adds nothing to the token's output (the layer around it keeps the residual).
+  :func:`clusterlab.analytic.moe.predicted_dropped` counts them from the assignments alone: ``sum_e
+  max(0, n_e - C)`` per group. These counts, and the all-to-all's bytes, are NumPy-only and live in
+  :mod:`clusterlab.analytic.moe` , so the planner prices expert parallelism with the same functions.
 * the auxiliary load-balancing loss of Switch (Fedus et al. 2021, Eq. 4 to 6):
   ``E * sum_e f_e * P_e``, with ``f_e`` the fraction of the k * T assignments routed to expert
   e (before dropping) and ``P_e`` the mean router probability of e over the T tokens; it is 1
@@ -29,8 +29,8 @@ parallelism inside ``jax.shard_map``: the tokens split over the mesh axis (each 
 are one routing group), the experts split over the same axis (E / p per device), and two
 all-to-alls per layer forward: the *dispatch* sends each expert's buffer of ``C`` token slots to
 the device that holds the expert, the *combine* sends the outputs back. Each carries
-``E * C * D`` values per device (:func:`clusterlab.analytic.moe.all_to_all_bytes`), proportional to k through C.
-Backward, each all-to-all's transpose is another all-to-all (JAX 0.10's rule for
+``E * C * D`` values per device (:func:`clusterlab.analytic.moe.all_to_all_bytes`), proportional to
+k through C. Backward, each all-to-all's transpose is another all-to-all (JAX 0.10's rule for
 ``jax.lax.all_to_all``), so a training step runs four.
 
 Parameters are a dict: ``router`` f32[D, E], ``w1`` f32[E, D, H], ``w2`` f32[E, H, D]; an
@@ -118,7 +118,8 @@ class MoEOutput(NamedTuple):
     expert_load: jax.Array  # i32[E] assignments routed to each expert, before dropping
 
 
-# --- the straggler (capacity, drops and bytes are clusterlab.analytic.moe's) -----------------------
+# --- the straggler (capacity, drops and bytes are clusterlab.analytic.moe's)
+# -----------------------
 
 def straggler_factor(expert_load: np.ndarray, n_devices: int) -> float:
     """Modelled: the step's expert compute over the balanced case, ``max_device / mean_device``.

@@ -1,7 +1,7 @@
 """Pipeline parallelism: consecutive blocks on consecutive devices, micro-batches flowing through.
 
-The residual MLP of :mod:`clusterlab.device.models` is cut into ``p`` stages of ``n_blocks / p`` blocks,
-stage ``s`` on device ``s`` of a ``"stage"`` mesh axis. The batch is cut into ``m``
+The residual MLP of :mod:`clusterlab.device.models` is cut into ``p`` stages of ``n_blocks / p``
+blocks, stage ``s`` on device ``s`` of a ``"stage"`` mesh axis. The batch is cut into ``m``
 micro-batches. A *schedule* (:mod:`clusterlab.analytic.schedule`, pure NumPy: GPipe,
 1F1B and interleaved 1F1B) says, for every time slot and stage, whether the stage runs the
 forward or backward pass of a micro-batch, or idles.

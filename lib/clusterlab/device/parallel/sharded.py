@@ -25,8 +25,9 @@ parameters outside one layer.
 Within one compiled step gradients live only until they are reduced, and XLA frees the full
 gradient as soon as its reduce-scatter has run; stages 1 and 2 therefore compile to the same
 program here (reduce-scatter, update of the shard, all-gather). They differ in the memory model
-(:func:`clusterlab.analytic.memory.training_memory_per_device`), where stage 1 keeps the full gradient
-buffer that a framework like PyTorch holds between the backward pass and the optimizer step.
+(:func:`clusterlab.analytic.memory.training_memory_per_device`), where stage 1 keeps the full
+gradient buffer that a framework like PyTorch holds between the backward pass and the optimizer
+step.
 
 2-D parallelism (data x tensor) is :mod:`clusterlab.device.parallel.two_d`.
 
@@ -294,8 +295,8 @@ def sent_bytes_per_device(ops: Sequence[hlo.CollectiveOp], n: int) -> float:
 
     Converts each op's result bytes (as :func:`clusterlab.device.hlo.compiled_collectives`
     reports them) to nccl-tests' size and applies
-    :func:`clusterlab.analytic.costmodel.collective_steps_and_bytes`: an all-gather's result is the whole
-    buffer; a reduce-scatter's result is one p-th of it; an all-reduce's result is the buffer.
+    :func:`clusterlab.analytic.costmodel.collective_steps_and_bytes`: an all-gather's result is the
+    whole buffer; a reduce-scatter's result is one p-th of it; an all-reduce's result is the buffer.
 
     Args:
         ops: collectives of one program, e.g. from

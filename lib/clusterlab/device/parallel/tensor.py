@@ -120,8 +120,8 @@ def check_params(params: Params, tp: int) -> Model:
 
     Args:
         params: from :func:`clusterlab.device.models.init_mlp` or
-            :func:`clusterlab.device.models.init_transformer_block` (or one decoder layer of the same
-            keys).
+            :func:`clusterlab.device.models.init_transformer_block` (or one decoder layer of the
+            same keys).
         tp: devices on the tensor-parallel axis.
 
     Returns:
@@ -155,7 +155,8 @@ def mlp_block(block: dict, x: jax.Array, axis_name: str, *,
         ops: Megatron's ``f`` and ``g`` (default :data:`MEGATRON`).
 
     Returns:
-        f32[B, D], replicated: equal to :func:`clusterlab.device.models.mlp_block` on the whole block.
+        f32[B, D], replicated: equal to :func:`clusterlab.device.models.mlp_block` on the whole
+        block.
     """
     return _mlp_residual(block, x, x, axis_name, ops)
 
@@ -292,7 +293,8 @@ def make_tensor_parallel(params: Params, mesh: Mesh,
 
     Args:
         params: the unsharded parameters of :func:`clusterlab.device.models.init_mlp` or
-            :func:`clusterlab.device.models.init_transformer_block`, to read the model and its shapes.
+            :func:`clusterlab.device.models.init_transformer_block`, to read the model and its
+            shapes.
         mesh: the mesh.
         optimizer: an ``optax`` optimizer that acts element by element (Adam, SGD); default
             :func:`clusterlab.device.models.make_optimizer`.
