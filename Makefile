@@ -1,16 +1,25 @@
-# The course's commands. Each one creates .venv from requirements.txt when it is missing.
+# The course's commands. Each one creates .venv when it is missing: a student's commands (student,
+# lab) install requirements-student.txt; the maintainers' (book, test, pdf, grade) all of
+# requirements.txt.
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 READY := $(VENV)/.installed
+STUDENT_READY := $(VENV)/.installed-student
 
 .PHONY: book serve lab test system-deps student grade clean pdf
 
-$(READY): requirements.txt pyproject.toml
-	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+$(VENV)/bin/python:
+	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -r requirements.txt
+
+$(STUDENT_READY): requirements-student.txt pyproject.toml | $(VENV)/bin/python
+	$(BIN)/python -m pip install --quiet -r requirements-student.txt -e ".[device]"
 	touch $@
+
+$(READY): requirements.txt requirements-student.txt pyproject.toml | $(VENV)/bin/python
+	$(BIN)/python -m pip install --quiet -r requirements.txt
+	touch $@ $(STUDENT_READY)
 
 ## book: build the HTML book (chapters executed with a cache, labs from their stored outputs)
 book: $(READY)
@@ -29,14 +38,16 @@ pdf: $(READY)
 serve: book
 	$(BIN)/python -m http.server --directory _build/html --bind 127.0.0.1 8000
 
-## lab: Jupyter Lab on the labs
-lab: $(READY)
-	$(BIN)/jupyter lab labs
-
 ## student: student copies of the labs in student/ (solutions and outputs removed; the keys in
-## keys/ are not copied, and no check in a copy carries its expected value)
-student: $(READY)
+## keys/ are not copied, and no check in a copy carries its expected value). A copy already
+## there is your work and is kept (python -m clusterlab.course.student --replace overwrites).
+student: $(STUDENT_READY)
 	$(BIN)/python -m clusterlab.course.student --labs labs --out student
+
+## lab: Jupyter Lab on the student copies (made first if missing); as root it passes
+## --allow-root, which Jupyter otherwise refuses
+lab: student
+	$(BIN)/jupyter lab student $(if $(filter 0,$(shell id -u)),--allow-root,)
 
 ## grade: run submitted notebooks, each in a bubblewrap sandbox, and grade every exercise from keys/
 ## outside it: one line per exercise per submission, and GRADES (grades.csv): student,exercise,points

@@ -32,8 +32,30 @@ def test_every_chapter_file_is_in_the_toc_in_reading_order():
     assert numbered == sorted(numbered) and len(numbered) >= 11, numbered
 
 
+# A kernel's transport logs through tornado, not Sphinx: under load a chapter's kernel may log
+# "ERROR:tornado.general:Uncaught exception in ZMQStream callback" while the build itself
+# succeeds (seen on a loaded fresh clone). Sphinx's own warnings and errors still fail the test.
+KERNEL_TRANSPORT_NOISE = re.compile(r"^ERROR:tornado\.general:")
+
+
+def sphinx_problems(log: str) -> list[str]:
+    """The build log's warning and error lines, less a kernel's transport noise."""
+    return [line for line in log.splitlines()
+            if re.search(r"WARNING|ERROR", line) and not KERNEL_TRANSPORT_NOISE.match(line)]
+
+
+def test_the_log_check_skips_kernel_noise_and_keeps_sphinx_warnings():
+    log = ("ERROR:tornado.general:Uncaught exception in ZMQStream callback\n"
+           "chapters/03.md:12: WARNING: undefined label: 'fig-clos'\n"
+           "/work/chapters/05.md: ERROR: Unknown directive type \"figur\".\n")
+    assert sphinx_problems(log) == [
+        "chapters/03.md:12: WARNING: undefined label: 'fig-clos'",
+        '/work/chapters/05.md: ERROR: Unknown directive type "figur".']
+    assert sphinx_problems("ERROR:tornado.general:Uncaught exception\nbuild succeeded.") == []
+
+
 def test_book_builds_without_warnings(book):
-    warnings = [line for line in book.log.splitlines() if re.search(r"WARNING|ERROR", line)]
+    warnings = sphinx_problems(book.log)
     assert book.returncode == 0 and not warnings, "\n".join(warnings) or book.log[-3000:]
 
     for page in _toc_files():

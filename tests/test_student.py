@@ -108,3 +108,20 @@ def test_student_copies_record_answers_without_expected_values(tmp_path):
                          if c.cell_type == "code")
         for call in re.findall(r"check\.answer\(([^\n]*)", code):
             assert re.fullmatch(r'"lab\d\d\.\d+", \w+\)', call), (path.name, call)
+
+
+def test_a_second_run_keeps_the_students_work(tmp_path, capsys):
+    # `make student` twice, or `make lab` after it, must not wipe a student's answers.
+    labs = tmp_path / "labs"
+    labs.mkdir()
+    for name in ("00-devices-and-meshes.ipynb", "01-measuring-collectives.ipynb"):
+        (labs / name).write_text((ROOT / "labs" / name).read_text())
+    out = tmp_path / "student"
+    assert student.main(["--labs", str(labs), "--out", str(out)]) == 0
+    worked = out / "00-devices-and-meshes.ipynb"
+    worked.write_text(worked.read_text().replace("devices.setup(8)", "devices.setup(8)  # mine"))
+    assert student.main(["--labs", str(labs), "--out", str(out)]) == 0
+    assert "# mine" in worked.read_text()
+    assert "kept 2 that were there" in capsys.readouterr().out
+    assert student.main(["--labs", str(labs), "--out", str(out), "--replace"]) == 0
+    assert "# mine" not in worked.read_text()  # the negative control: --replace overwrites

@@ -80,15 +80,19 @@ def strip_solutions(notebook: nbformat.NotebookNode) -> nbformat.NotebookNode:
     return copy
 
 
-def write_student_copies(labs_dir: str | Path, out_dir: str | Path) -> list[Path]:
+def write_student_copies(labs_dir: str | Path, out_dir: str | Path, *,
+                         replace: bool = False) -> list[Path]:
     """Write a student copy of every ``*.ipynb`` in ``labs_dir`` to ``out_dir``.
+
+    A copy that is already there is the student's work: it is kept unless ``replace``.
 
     Args:
         labs_dir: the folder of the labs.
         out_dir: where to write the copies (created if missing).
+        replace: overwrite copies that exist (their work is lost).
 
     Returns:
-        The paths written, sorted.
+        The paths written, sorted (not those kept).
     """
     labs = sorted(Path(labs_dir).glob("*.ipynb"))
     if not labs:
@@ -107,6 +111,8 @@ def write_student_copies(labs_dir: str | Path, out_dir: str | Path) -> list[Path
                                  "exercise with its expected value; record the answer with "
                                  "check.answer(id, answer) and put the value in keys/.")
         target = out / lab.name
+        if target.exists() and not replace:
+            continue
         nbformat.write(copy, target)
         written.append(target)
     return written
@@ -118,13 +124,18 @@ def main(argv: list[str] | None = None) -> int:
         description="Write student copies of the labs: solutions removed, outputs cleared.")
     parser.add_argument("--labs", default="labs", help="folder of the labs (labs)")
     parser.add_argument("--out", default="student", help="folder to write to (student)")
+    parser.add_argument("--replace", action="store_true",
+                        help="overwrite copies that exist (the work in them is lost)")
     args = parser.parse_args(argv)
     try:
-        written = write_student_copies(args.labs, args.out)
+        written = write_student_copies(args.labs, args.out, replace=args.replace)
     except ValueError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    print(f"Wrote {len(written)} student notebooks to {args.out}")
+    kept = len(list(Path(args.labs).glob("*.ipynb"))) - len(written)
+    print(f"Wrote {len(written)} student notebooks to {args.out}"
+          + (f"; kept {kept} that were there (your work; --replace overwrites them)"
+             if kept else ""))
     return 0
 
 
