@@ -120,9 +120,10 @@ def test_a_submission_that_hits_a_limit_ends_alone_and_the_next_is_graded(ending
         "  lab98.3  ✓ double is correct.", "  total: 3/3 exercises correct"]
     with open(grades) as handle:
         assert list(csv.reader(handle)) == [
-            ["student", "exercise", "points"],
-            ["98-bad", "lab98.1", "0"], ["98-bad", "lab98.2", "0"], ["98-bad", "lab98.3", "0"],
-            ["98-good", "lab98.1", "1"], ["98-good", "lab98.2", "1"], ["98-good", "lab98.3", "1"]]
+            ["student", "exercise", "points", "named_by"],
+            ["98-bad", "lab98.1", "0", "file"], ["98-bad", "lab98.2", "0", "file"],
+            ["98-bad", "lab98.3", "0", "file"], ["98-good", "lab98.1", "1", "file"],
+            ["98-good", "lab98.2", "1", "file"], ["98-good", "lab98.3", "1", "file"]]
 
 
 def test_a_cell_deleting_files_deletes_nothing_outside_its_folder(tmp_path):

@@ -613,26 +613,49 @@ def _all_failed(key: Mapping[str, Exercise], why: str) -> list[Verdict]:
             for i in sorted(key, key=_order)]
 
 
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+MAX_LINE = 500
+
+
+def printable(text: str, limit: int = MAX_LINE) -> str:
+    """``text`` safe to print in a report: no control characters (a submission's strings can
+    hold terminal escapes), no lone surrogates (they cannot be encoded), at most ``limit``
+    characters."""
+    text = text.encode("utf-8", "replace").decode("utf-8")
+    text = _CONTROL.sub("?", text)
+    return text if len(text) <= limit else text[:limit - 1] + "…"
+
+
 def format_report(name: str, verdicts: Sequence[Verdict]) -> str:
     """The report of one submission: one line per exercise and the total."""
-    lines = [f"{name}"]
-    lines += [f"  {v.exercise_id}  {v.line}" for v in verdicts]
+    lines = [printable(name)]
+    lines += [f"  {v.exercise_id}  {printable(v.line)}" for v in verdicts]
     correct = sum(v.passed for v in verdicts)
     lines.append(f"  total: {correct}/{len(verdicts)} exercises correct")
     return "\n".join(lines)
 
 
-def write_csv(path: str | Path, graded: Mapping[str, Sequence[Verdict]]) -> None:
-    """Write ``student,exercise,points`` rows (1 for a pass, 0 otherwise), one per exercise of
-    each submission; the student is the submission's file name without ``.ipynb``."""
-    import csv
+CSV_HEADER = ["student", "exercise", "points", "named_by"]
 
-    with open(path, "w", newline="") as handle:
-        writer = csv.writer(handle)
-        writer.writerow(["student", "exercise", "points"])
-        for name, verdicts in graded.items():
-            for v in verdicts:
-                writer.writerow([Path(name).stem, v.exercise_id, int(v.passed)])
+
+def student_names(submissions: Sequence[str]) -> tuple[dict[str, str], str]:
+    """Who each submission is: its file name without ``.ipynb`` while those differ, else its
+    folder (one folder per student, the instructor guide's layout), else its path.
+
+    Returns:
+        ``({submission: student}, "file" | "folder" | "path")``.
+    """
+    for named_by, name_of in (("file", lambda p: Path(p).stem),
+                              ("folder", lambda p: Path(p).resolve().parent.name),
+                              ("path", lambda p: str(Path(p)))):
+        names = {submission: name_of(submission) for submission in submissions}
+        if len(set(names.values())) == len(names):
+            return names, named_by
+    raise ValueError("the same submission is listed twice; list each notebook once.")
+
+
+def _csv_rows(student: str, verdicts: Sequence[Verdict], named_by: str) -> list[list]:
+    return [[student, v.exercise_id, int(v.passed), named_by] for v in verdicts]
 
 
 def _grader_devices(n: int = 8) -> None:
@@ -646,45 +669,75 @@ def _grader_devices(n: int = 8) -> None:
         jax.config.update("jax_num_cpu_devices", n)
 
 
+def _refuse_link(path: Path) -> None:
+    # A submission is data the grader reads as root: a link could point at any host file.
+    if path.is_symlink():
+        raise ValueError(f"{path}: is a symbolic link; submit the notebook file itself.")
+    if not path.is_file():
+        raise ValueError(f"{path}: no such notebook.")
+
+
 def main(submissions: Sequence[str], *, key_dir: str, timeout_s: float,
          csv_path: str | None = None, limits: sandbox.Limits | None = None) -> int:
     """Grade each submission and print its report (and with ``csv_path``, the points as CSV).
+
+    Each submission is graded on its own: whatever one does (a notebook that is not a notebook,
+    an answers file that is not data, a link), it gets one clear line and 0 points, and the
+    next is graded. The CSV gets each submission's rows as soon as it is graded, so a grader
+    stopped half-way keeps what it graded.
 
     Args:
         submissions: the notebooks.
         key_dir: the folder of the keys.
         timeout_s: the longest one cell may run, in seconds.
-        csv_path: where to write ``student,exercise,points`` (:func:`write_csv`), if anywhere.
+        csv_path: where to write ``student,exercise,points,named_by`` rows, if anywhere
+            (``named_by``: ``file``, ``folder`` or ``path``, see :func:`student_names`).
         limits: each submission's sandbox limits (default
-        :class:`clusterlab.course.sandbox.Limits`).
+            :class:`clusterlab.course.sandbox.Limits`).
 
     Returns:
         0 when every exercise of every submission passed, 1 when any failed, 2 when a
-        submission could not be graded at all (no such file, unknown lab, no key, no sandbox).
+        submission could not be graded at all (no such file, a link, unknown lab, no key, no
+        sandbox).
     """
+    import csv
+
     if not Path(key_dir).is_dir():
         print(f"error: no key folder {key_dir}; pass --key with the folder of labNN.py files.",
               file=sys.stderr)
         return 2
+    names, named_by = student_names(submissions)
     _grader_devices()
-    status, graded = 0, {}
-    for name in submissions:
-        try:
-            if not Path(name).is_file():
-                raise ValueError(f"{name}: no such notebook.")
-            verdicts = grade_notebook(name, key_dir=key_dir, timeout_s=timeout_s, limits=limits)
-        except (ValueError, sandbox.SandboxUnavailable) as error:
-            print(f"error: {error}", file=sys.stderr)
-            status = 2
-            continue
-        graded[name] = verdicts
-        print(format_report(name, verdicts), flush=True)
-        if not all(v.passed for v in verdicts) and status == 0:
-            status = 1
-    if csv_path:
-        write_csv(csv_path, graded)
+    status = 0
+    with open(csv_path, "w", newline="") if csv_path else contextlib.nullcontext() as handle:
+        writer = csv.writer(handle) if handle else None
+        if writer:
+            writer.writerow(CSV_HEADER)
+            handle.flush()
+        for name in submissions:
+            try:
+                _refuse_link(Path(name))
+                verdicts = grade_notebook(name, key_dir=key_dir, timeout_s=timeout_s,
+                                          limits=limits)
+            except sandbox.SandboxUnavailable as error:
+                print(f"error: {error}", file=sys.stderr)
+                return 2
+            except Exception as error:  # noqa: BLE001 - one submission never stops the batch
+                why = (str(error) if isinstance(error, ValueError)
+                       else f"{name}: not graded: {_one_line(error)}")
+                print(f"error: {printable(why)}", file=sys.stderr)
+                if writer:
+                    writer.writerow([names[name], "not graded", 0, named_by])
+                    handle.flush()
+                status = 2
+                continue
+            print(format_report(name, verdicts), flush=True)
+            if writer:
+                writer.writerows(_csv_rows(names[name], verdicts, named_by))
+                handle.flush()
+            if not all(v.passed for v in verdicts) and status == 0:
+                status = 1
     return status
-
 
 
 def cli(argv: Sequence[str]) -> int:

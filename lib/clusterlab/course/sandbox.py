@@ -140,12 +140,36 @@ def run_submission(notebook: Path, request: Mapping[str, object], *, cell_timeou
                                     env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")})
         except subprocess.TimeoutExpired:
             return None, f"the notebook ran past its {limits.wall_s:g} s wall-clock limit"
-        if out.is_file():
-            try:
-                return json.loads(out.read_text()), ""
-            except ValueError:
-                return None, "the notebook's answers file is not JSON"
+        if out.exists() or out.is_symlink():
+            return read_answers(out)
         return None, _ended(result, limits)
+
+
+MAX_ANSWERS_BYTES = 64 * 2**20
+
+
+def read_answers(path: Path) -> tuple[dict | None, str]:
+    """The answers a submission wrote, taken as data: ``(answers, "")`` or ``(None, why)``.
+
+    The file is the submission's: it is opened without following a link (a link could point at
+    any host file, and the grader runs as root), read up to :data:`MAX_ANSWERS_BYTES`, and must
+    be a JSON object that Python can parse (not nested past the parser's depth).
+    """
+    try:
+        descriptor = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError:
+        return None, "the notebook's answers file is a link or cannot be opened"
+    with os.fdopen(descriptor, "rb") as handle:
+        raw = handle.read(MAX_ANSWERS_BYTES + 1)
+    if len(raw) > MAX_ANSWERS_BYTES:
+        return None, f"the notebook's answers file is over {MAX_ANSWERS_BYTES // 2**20} MiB"
+    try:
+        answers = json.loads(raw.decode("utf-8"))
+    except (ValueError, RecursionError):
+        return None, "the notebook's answers file is not JSON the grader can read"
+    if not isinstance(answers, dict):
+        return None, "the notebook's answers file is not a JSON object"
+    return answers, ""
 
 
 def _ended(result: subprocess.CompletedProcess, limits: Limits) -> str:

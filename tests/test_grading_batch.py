@@ -1,0 +1,116 @@
+"""One hostile submission cannot sink a batch (issue 37, items 3 and 4): a notebook that is not a
+notebook, a link to another file, answers that are not data, or a verdict line with terminal
+escapes each cost that submission alone; the honest submission graded after them keeps its full
+marks and its CSV row, and the CSV says how students are named."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from clusterlab.course import grading, sandbox
+from conftest import ROOT, fixture_submission
+
+FIXTURE_KEYS = ROOT / "tests" / "data" / "keys"
+SMALL = sandbox.Limits(cpu_s=6, memory_bytes=4 * 2**30, processes=96, wall_s=60)
+HONEST = ["from clusterlab.course import check\npair = (1, 2)",
+          "check.answer(\"lab98.1\", 2.5)",
+          "check.answer(\"lab98.2\", [1, 2])",
+          "def double(x):\n    return 2 * x\ncheck.answer(\"lab98.3\", double)"]
+FULL_MARKS = [["lab98.1", "1"], ["lab98.2", "1"], ["lab98.3", "1"]]
+
+
+def _rows(path: Path) -> list[list[str]]:
+    with open(path) as handle:
+        return list(csv.reader(handle))
+
+
+def test_broken_notebooks_and_links_are_refused_one_by_one(tmp_path, capsys):
+    folder = tmp_path / "in"
+    folder.mkdir()
+    hostile = {"98-list.ipynb": "[]", "98-string.ipynb": '"x"',
+               "98-deep.ipynb": "[" * 200_000 + "]" * 200_000}
+    for name, text in hostile.items():
+        (folder / name).write_text(text)
+    good = fixture_submission(folder, HONEST, "98-good.ipynb")
+    link = folder / "98-link.ipynb"
+    link.symlink_to(good)  # another student's notebook, or the instructor's lab
+    batch = [str(folder / name) for name in hostile] + [str(link), str(good)]
+    grades = tmp_path / "grades.csv"
+    status = grading.main(batch, key_dir=str(FIXTURE_KEYS), timeout_s=30, csv_path=str(grades),
+                          limits=SMALL)
+    assert status == 2
+    captured = capsys.readouterr()
+    assert "is a symbolic link; submit the notebook file itself" in captured.err
+    assert captured.err.count("error: ") == 4
+    assert captured.out.splitlines()[-1] == "  total: 3/3 exercises correct"
+    rows = _rows(grades)
+    assert rows[0] == grading.CSV_HEADER
+    assert [r[:3] for r in rows[1:5]] == [[Path(n).stem, "not graded", "0"] for n in batch[:4]]
+    assert [r[1:3] for r in rows[5:]] == FULL_MARKS and rows[5][0] == "98-good"
+
+
+@pytest.mark.parametrize("write, why", [
+    (lambda path: path.symlink_to("/etc/passwd"), "is a link or cannot be opened"),
+    (lambda path: path.write_text("[" * 200_000 + "]" * 200_000), "not JSON the grader can read"),
+    (lambda path: path.write_text("[1, 2]"), "not a JSON object"),
+    (lambda path: path.write_bytes(b"{" + b" " * (sandbox.MAX_ANSWERS_BYTES + 1) + b"}"),
+     "over 64 MiB"),
+])
+def test_an_answers_file_is_taken_as_data(tmp_path, write, why):
+    path = tmp_path / "answers.json"
+    write(path)
+    answers, reason = sandbox.read_answers(path)
+    assert answers is None and why in reason
+    # the negative control: a plain object is read
+    honest = tmp_path / "honest.json"
+    honest.write_text(json.dumps({"lab98.1": 2.5}))
+    assert sandbox.read_answers(honest) == ({"lab98.1": 2.5}, "")
+
+
+def test_an_answers_link_written_by_the_notebook_is_not_followed(tmp_path, capsys):
+    # The notebook replaces its answers file with a link to a host file as it exits.
+    hostile = HONEST + ["import atexit, os, sys\n"
+                        "out = sys.argv[3] if len(sys.argv) > 3 else None\n"
+                        "def swap():\n"
+                        "    for name in os.listdir('.'):\n"
+                        "        if name == 'answers.json':\n"
+                        "            os.remove(name); os.symlink('/etc/shadow', name)\n"
+                        "atexit.register(swap)"]
+    bad = fixture_submission(tmp_path / "bad", hostile, "98-bad.ipynb")
+    good = fixture_submission(tmp_path / "good", HONEST, "98-good.ipynb")
+    grades = tmp_path / "grades.csv"
+    grading.main([str(bad), str(good)], key_dir=str(FIXTURE_KEYS), timeout_s=30,
+                 csv_path=str(grades), limits=SMALL)
+    out = capsys.readouterr().out
+    assert "root:" not in out  # nothing of a host file is printed
+    assert out.splitlines()[-1] == "  total: 3/3 exercises correct"
+    assert [r[1:3] for r in _rows(grades)[-3:]] == FULL_MARKS
+
+
+def test_one_folder_per_student_names_students_by_folder(tmp_path, capsys):
+    alice = fixture_submission(tmp_path / "alice", HONEST, "98-lab.ipynb")
+    bob = fixture_submission(tmp_path / "bob", HONEST[:2], "98-lab.ipynb")
+    grades = tmp_path / "grades.csv"
+    grading.main([str(alice), str(bob)], key_dir=str(FIXTURE_KEYS), timeout_s=30,
+                 csv_path=str(grades), limits=SMALL)
+    rows = _rows(grades)
+    assert {r[0] for r in rows[1:]} == {"alice", "bob"}
+    assert {r[3] for r in rows[1:]} == {"folder"}
+    assert sum(int(r[2]) for r in rows[1:] if r[0] == "alice") == 3
+    assert sum(int(r[2]) for r in rows[1:] if r[0] == "bob") == 1
+    # by file where the file names differ
+    assert grading.student_names(["a/98-x.ipynb", "b/98-y.ipynb"]) == (
+        {"a/98-x.ipynb": "98-x", "b/98-y.ipynb": "98-y"}, "file")
+
+
+def test_report_lines_are_printable():
+    escape = "✗ pair is off: got '\x1b[2J\x1b[31mpwned' \ud800" + "x" * 1000
+    line = grading.printable(escape)
+    assert "\x1b" not in line and "\ud800" not in line and len(line) == grading.MAX_LINE
+    assert line.startswith("✗ pair is off: got '?[2J?[31mpwned' ?")
+    assert grading.printable("✓ pair is correct.") == "✓ pair is correct."
