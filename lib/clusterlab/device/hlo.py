@@ -9,6 +9,8 @@ function's ``.lower(...).compile()``.
 
 from __future__ import annotations
 
+import json
+
 import re
 from typing import Callable, NamedTuple
 
@@ -215,7 +217,7 @@ def hlo_op_count(jitted: Callable[..., object], *args, op: str = "collective-per
 
 _WHILE_BODY = re.compile(r"\bbody=%?([\w.\-]+)")
 _CALLEE = re.compile(r"\bto_apply=%?([\w.\-]+)")
-_TRIP_COUNT = re.compile(r'"known_trip_count":\{"n":"(\d+)"\}')
+_BRANCHES = re.compile(r"\b(?:branch_computations=\{([^}]*)\}|(?:true|false)_computation=%?([\w.\-]+))")
 # Deeper nesting than this is taken for a cycle in the program text rather than followed.
 _MAX_DEPTH = 64
 
@@ -227,7 +229,10 @@ def executed_collectives(jitted: Callable[..., object], *args) -> list[Collectiv
     one layer's collectives; :func:`compiled_collectives` lists that body once.
     This function follows the program from its entry computation into ``while`` bodies (times
     the ``known_trip_count`` XLA records, 1 when it is unknown) and ``call`` targets, and repeats
-    each collective as often as it runs. Collectives in conditional branches are not counted.
+    each collective as often as it runs. A ``conditional``'s branches all count, as if each ran:
+    a collective cannot hide in a branch (``lax.cond``). Trip counts come from the loop's
+    ``backend_config`` read as JSON, never from attributes a program can set
+    (``frontend_attributes`` hold strings a user chooses).
 
     Args:
         jitted: a ``jax.jit``-wrapped function.
@@ -261,9 +266,46 @@ def _computations(text: str) -> tuple[str, dict[str, list[str]]]:
     return entry, computations
 
 
+def backend_config(line: str) -> dict:
+    """An instruction's ``backend_config={...}`` as JSON (``{}`` when it has none).
+
+    XLA prints the backend configuration last on the line, after ``frontend_attributes`` (whose
+    values a program sets, e.g. with ``set_xla_metadata``, and which may print unquoted): so the
+    last ``backend_config=`` outside a double-quoted string is XLA's, whatever a program wrote
+    before it.
+    """
+    index, quoted, found = 0, False, -1
+    while index < len(line):
+        char = line[index]
+        if quoted:
+            if char == "\\":
+                index += 1
+            elif char == '"':
+                quoted = False
+        elif char == '"':
+            quoted = True
+        elif line.startswith("backend_config={", index):
+            found = index
+        index += 1
+    if found < 0:
+        return {}
+    try:
+        config, _ = json.JSONDecoder().raw_decode(line, found + len("backend_config="))
+    except ValueError:
+        return {}
+    return config if isinstance(config, dict) else {}
+
+
+def _trip_count(line: str) -> int:
+    """A ``while`` loop's ``known_trip_count`` from its backend configuration, 1 if unknown."""
+    trips = backend_config(line).get("known_trip_count", {}).get("n")
+    return int(trips) if isinstance(trips, str) and trips.isdigit() else 1
+
+
 def _executed_in(name: str, computations: dict[str, list[str]], *,
                  depth: int) -> list[CollectiveOp]:
-    """The collectives computation ``name`` executes, loop bodies repeated per trip."""
+    """The collectives computation ``name`` executes, loop bodies repeated per trip and every
+    branch of a conditional counted."""
     if depth > _MAX_DEPTH:
         raise ValueError("Computations nest too deeply to follow.")
     ops: list[CollectiveOp] = []
@@ -276,15 +318,19 @@ def _executed_in(name: str, computations: dict[str, list[str]], *,
         if collective is not None:
             ops.append(collective)
         elif ins.opcode == "while":
-            body, trips = _WHILE_BODY.search(line), _TRIP_COUNT.search(line)
+            body = _WHILE_BODY.search(line)
             if body:
-                trip_count = int(trips.group(1)) if trips else 1
                 ops.extend(_executed_in(body.group(1), computations, depth=depth + 1)
-                           * trip_count)
+                           * _trip_count(line))
         elif ins.opcode == "call":
             callee = _CALLEE.search(line)
             if callee:
                 ops.extend(_executed_in(callee.group(1), computations, depth=depth + 1))
+        elif ins.opcode == "conditional":
+            for listed, single in _BRANCHES.findall(line):
+                for branch in (listed.split(",") if listed else [single]):
+                    ops.extend(_executed_in(branch.strip().lstrip("%"), computations,
+                                            depth=depth + 1))
     return ops
 
 
