@@ -113,3 +113,34 @@ def test_report_lines_are_printable():
     assert "\x1b" not in line and "\ud800" not in line and len(line) == grading.MAX_LINE
     assert line.startswith("✗ pair is off: got '?[2J?[31mpwned' ?")
     assert grading.printable("✓ pair is correct.") == "✓ pair is correct."
+
+
+def test_what_a_notebook_prints_stays_out_of_the_graders_memory(tmp_path, capsys):
+    import resource
+
+    loud = HONEST + ["import sys\nfor _ in range(384):\n    sys.stdout.write('x' * 2**20)"]
+    bad = fixture_submission(tmp_path / "bad", loud, "98-loud.ipynb")
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    grading.main([str(bad)], key_dir=str(FIXTURE_KEYS), timeout_s=30, limits=SMALL)
+    grown = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - before
+    assert grown < 128 * 2**20, f"the grader grew by {grown / 2**20:.0f} MiB for 384 MiB printed"
+    # printing is allowed: the notebook is graded as usual
+    assert capsys.readouterr().out.splitlines()[-1] == "  total: 3/3 exercises correct"
+
+
+def test_a_notebook_cannot_write_a_file_past_the_size_limit(tmp_path, capsys):
+    # Python ignores SIGXFSZ, so the write fails with EFBIG; the notebook reports whether it did
+    # through its first answer (2.5 is right only when the 16 MiB write was refused).
+    limits = sandbox.Limits(cpu_s=6, memory_bytes=4 * 2**30, processes=96, wall_s=60,
+                            file_bytes=8 * 2**20)
+    probe = ("try:\n    with open('big', 'wb') as f:\n        f.write(b'x' * 16 * 2**20)\n"
+             "    refused = False\nexcept OSError:\n    refused = True\n"
+             "check.answer(\"lab98.1\", 2.5 if refused else 0.0)")
+    bad = fixture_submission(tmp_path / "bad", [HONEST[0], probe, *HONEST[2:]], "98-big.ipynb")
+    grading.main([str(bad)], key_dir=str(FIXTURE_KEYS), timeout_s=30, limits=limits)
+    assert capsys.readouterr().out.splitlines()[-1] == "  total: 3/3 exercises correct"
+    # the control: with room for the file, the write succeeds and the probe says so
+    roomy = sandbox.Limits(cpu_s=6, memory_bytes=4 * 2**30, processes=96, wall_s=60,
+                           file_bytes=64 * 2**20)
+    grading.main([str(bad)], key_dir=str(FIXTURE_KEYS), timeout_s=30, limits=roomy)
+    assert capsys.readouterr().out.splitlines()[-1] == "  total: 2/3 exercises correct"

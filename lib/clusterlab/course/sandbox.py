@@ -42,12 +42,14 @@ class Limits:
         memory_bytes: address space (JAX on CPU reserves about 2 GB of it at start).
         processes: processes and threads of the user ``nobody``.
         wall_s: the whole run, wall clock (None: no limit).
+        file_bytes: the largest file it may write (RLIMIT_FSIZE).
     """
 
     cpu_s: int = 1800
     memory_bytes: int = 16 * 2**30
     processes: int = 512
     wall_s: float | None = 1800
+    file_bytes: int = 256 * 2**20
 
 
 def _limited(limits: Limits) -> list[str]:
@@ -56,7 +58,7 @@ def _limited(limits: Limits) -> list[str]:
     # the soft CPU limit sends SIGXCPU (the run ends with that signal's status), the hard one,
     # a few seconds on, SIGKILL should SIGXCPU be caught
     return ["prlimit", f"--cpu={limits.cpu_s}:{limits.cpu_s + 5}", f"--as={limits.memory_bytes}",
-            f"--nproc={limits.processes}", "--core=0", "--"]
+            f"--nproc={limits.processes}", f"--fsize={limits.file_bytes}", "--core=0", "--"]
 
 
 def _as_nobody() -> list[str]:
@@ -134,15 +136,26 @@ def run_submission(notebook: Path, request: Mapping[str, object], *, cell_timeou
         command = _limited(limits) + _bwrap_command(work, [*hide, Path(notebook).resolve().parent]) + [
             sys.executable, "-m", "clusterlab.course.submission", str(copy), str(work / "request.json"),
             str(out), str(cell_timeout_s)]
+        # Its output goes to a file, not into the grader's memory (a notebook can print 1 GiB);
+        # only the last line of its error stream is read back, to say how it ended.
+        errors = Path(folder) / "stderr"
         try:
-            result = subprocess.run(command, capture_output=True,
-                                    text=True, timeout=limits.wall_s,
-                                    env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")})
+            with open(errors, "wb") as stderr:
+                result = subprocess.run(command, stdout=subprocess.DEVNULL, stderr=stderr,
+                                        timeout=limits.wall_s,
+                                        env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")})
         except subprocess.TimeoutExpired:
             return None, f"the notebook ran past its {limits.wall_s:g} s wall-clock limit"
         if out.exists() or out.is_symlink():
             return read_answers(out)
-        return None, _ended(result, limits)
+        return None, _ended(result.returncode, _tail(errors), limits)
+
+
+def _tail(path: Path, size: int = 4096) -> str:
+    """The last ``size`` bytes of a file, as text."""
+    with open(path, "rb") as handle:
+        handle.seek(max(0, path.stat().st_size - size))
+        return handle.read().decode("utf-8", "replace")
 
 
 MAX_ANSWERS_BYTES = 64 * 2**20
@@ -172,13 +185,13 @@ def read_answers(path: Path) -> tuple[dict | None, str]:
     return answers, ""
 
 
-def _ended(result: subprocess.CompletedProcess, limits: Limits) -> str:
-    last = (result.stderr.strip().splitlines() or [""])[-1][:200]
+def _ended(returncode: int, stderr: str, limits: Limits) -> str:
+    last = (stderr.strip().splitlines() or [""])[-1][:200]
     # bwrap, the sandbox's init, exits 128 + N when its child dies of signal N
-    if result.returncode in (-signal.SIGXCPU, 128 + signal.SIGXCPU):
+    if returncode in (-signal.SIGXCPU, 128 + signal.SIGXCPU):
         return f"the notebook ran past its CPU-time limit of {limits.cpu_s} s"
-    number = -result.returncode if result.returncode < 0 else result.returncode - 128
+    number = -returncode if returncode < 0 else returncode - 128
     if number in signal.valid_signals():
         return f"the notebook was killed by {signal.Signals(number).name} ({last})"
     return (f"the notebook ended before reporting: {last.removeprefix('clusterlab: ')} "
-            f"(status {result.returncode})")
+            f"(status {returncode})")
