@@ -4,14 +4,15 @@ from __future__ import annotations
 
 from typing import Sequence
 
+import matplotlib
 import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.axes import Axes
-from matplotlib.patches import Patch, Rectangle
+from matplotlib.patches import FancyArrowPatch, FancyBboxPatch, Patch, Rectangle
 from matplotlib.ticker import FuncFormatter, MaxNLocator
 
 from clusterlab import _checks
-from clusterlab.analytic import memory
+from clusterlab.analytic import memory, moe
 from clusterlab.analytic.schedule import FORWARD, IDLE, Schedule
 from clusterlab.analytic.tables import format_bytes
 
@@ -20,7 +21,20 @@ MODEL_STYLE = {"linestyle": "--", "linewidth": 1.5}
 
 
 def use_course_style() -> None:
-    """Set matplotlib defaults shared by chapters and labs."""
+    """Set matplotlib defaults shared by chapters and labs.
+
+    In a notebook or a book page, figures are drawn as PNGs at twice their size in pixels
+    ("retina"): a 7-inch figure is 1,400 px wide, sharp on high-density and phone screens, and
+    shown at its usual size.
+    """
+    try:
+        from matplotlib_inline.backend_inline import set_matplotlib_formats
+        from IPython import get_ipython
+    except ImportError:  # plain Python, the base install: no inline figures to set
+        pass
+    else:
+        if get_ipython() is not None:
+            set_matplotlib_formats("retina")
     plt.rcParams.update({
         "figure.figsize": (7.0, 4.0),
         "figure.dpi": 100,
@@ -406,3 +420,542 @@ def profile_timeline(profile, ax: Axes | None = None, *, step: int = 0) -> Axes:
     ax.legend(handles=[Patch(color=c, label=k) for k, c in colours.items()], loc="upper right",
               fontsize="small")
     return ax
+
+
+# Drawn diagrams: ring, tensor-parallel split, 3-D parallelism, expert routing, the four layers.
+# Each is sized to be read when the book shows it 390 px wide (a phone): no wider than
+# DIAGRAM_MAX_WIDTH_IN inches, no text smaller than DIAGRAM_MIN_FONT points.
+
+DIAGRAM_MIN_FONT = 9
+DIAGRAM_MAX_WIDTH_IN = 6.5
+RING_MAX_DEVICES = 8
+RING_MAX_PANELS_PER_PHASE = 3
+
+
+def _diagram_axes(ax: Axes, xlim: tuple[float, float], ylim: tuple[float, float]) -> None:
+    ax.set_xlim(*xlim)
+    ax.set_ylim(*ylim)
+    ax.set_aspect("equal")
+    ax.axis("off")
+
+
+def _ring_steps_shown(p: int) -> list[int]:
+    """Steps (1 to p-1) drawn per phase: all of them, or 1, 2 and p-1 when there are more."""
+    if p - 1 <= RING_MAX_PANELS_PER_PHASE:
+        return list(range(1, p))
+    return [1, 2, p - 1]
+
+
+def ring_all_reduce_diagram(p: int = 4) -> plt.Figure:
+    """A ring all-reduce drawn as a ring of ``p`` GPUs, one panel per step.
+
+    The top row is the reduce-scatter (each GPU adds the chunk that arrives to its own copy and
+    passes the partial sum on), the bottom row the all-gather (the finished sums travel round).
+    Each arrow goes from GPU ``i`` to GPU ``i + 1`` and is labelled with the chunk it carries,
+    ``c0`` to ``c{p-1}`` in the chunk's colour, taken from :func:`ring_chunks_sent` (the
+    course's ring, as :func:`ring_all_reduce_steps` draws it as a grid). With more than four
+    GPUs only steps 1, 2 and p-1 of each phase are drawn, and the figure says so. Each arrow's
+    label carries ``gid = "RS k i"`` or ``"AG k i"`` (phase, step k from 1, sending GPU i).
+
+    Args:
+        p: GPUs in the ring, 2 to 8.
+
+    Returns:
+        The figure.
+    """
+    p = _checks.count("p", p, minimum=2)
+    if p > RING_MAX_DEVICES:
+        raise ValueError(f"ring_all_reduce_diagram draws 2 to {RING_MAX_DEVICES} GPUs, got "
+                         f"p = {p}; use ring_all_reduce_steps for a larger ring.")
+    sent = ring_chunks_sent(p)
+    shown = _ring_steps_shown(p)
+    cols = len(shown)
+    fig, axes = plt.subplots(2, cols, squeeze=False, figsize=(5.7, 4.6))
+    angle = np.pi / 2 - 2 * np.pi * np.arange(p) / p  # GPU 0 on top, clockwise
+    ring_r = max(1.0, 0.27 * p)  # the ring's radius; a GPU's circle has radius 0.27
+    xy = ring_r * np.stack([np.cos(angle), np.sin(angle)], axis=1)
+    node_r = 0.27
+    gap = (node_r + 0.1) / ring_r  # radians kept clear of a GPU's circle at either arrow end
+    sweep = 2 * np.pi / p - 2 * gap
+    rad = -np.tan(sweep / 4)  # arc3's bulge that keeps a clockwise arrow on the ring
+    label_out = 0.38 if p <= 4 else 0.5  # a label's distance outside the ring
+    for row, (tag, alpha) in enumerate([("RS", 0.55), ("AG", 1.0)]):
+        for col, k in enumerate(shown):
+            ax = axes[row, col]
+            step = sent[(p - 1) * row + k - 1]
+            for i in range(p):
+                ax.add_patch(plt.Circle(xy[i], node_r, facecolor="white", edgecolor="0.2",
+                                        linewidth=1.2, zorder=3))
+                ax.text(*xy[i], str(i), ha="center", va="center", fontsize=10, zorder=4)
+                colour = _colour(int(step[i]))
+                start, end = angle[i] - gap, angle[i] - gap - sweep
+                ax.add_patch(FancyArrowPatch((ring_r * np.cos(start), ring_r * np.sin(start)),
+                                             (ring_r * np.cos(end), ring_r * np.sin(end)),
+                                             connectionstyle=f"arc3,rad={rad}",
+                                             arrowstyle="-|>", mutation_scale=12,
+                                             shrinkA=0, shrinkB=0, color=colour, alpha=alpha,
+                                             linewidth=2.4, gid=f"{tag} {k} {i}"))
+                middle = angle[i] - np.pi / p
+                label_r = ring_r + label_out
+                ax.text(label_r * np.cos(middle), label_r * np.sin(middle), f"c{step[i]}",
+                        ha="center", va="center", fontsize=10, fontweight="bold",
+                        color=colour, gid=f"{tag} {k} {i}")
+            ax.set_title(f"{tag} step {k}", fontsize=10)
+            edge = ring_r + label_out
+            _diagram_axes(ax, (-edge - 0.24, edge + 0.24), (-edge - 0.17, edge + 0.17))
+        for col in range(cols, axes.shape[1]):
+            axes[row, col].axis("off")
+    fig.text(0.02, 0.965, "Reduce-scatter (RS): add the chunk that arrives, pass the sum on",
+             fontsize=10, fontweight="bold", va="top")
+    fig.text(0.02, 0.49, "All-gather (AG): pass the finished sums on", fontsize=10,
+             fontweight="bold", va="top")
+    note = f"{p} GPUs in a ring; arrow: one chunk (c0-c{p - 1}) to the next GPU"
+    if len(shown) < p - 1:
+        note += f"\nSteps 1, 2 and {p - 1} of {p - 1} per phase shown"
+    fig.text(0.02, 0.02, note, fontsize=9, color="0.3", va="bottom")
+    fig.subplots_adjust(left=0.02, right=0.98, top=0.86, bottom=0.12 if len(shown) < p - 1
+                        else 0.07, hspace=0.55, wspace=0.1)
+    return fig
+
+
+def tensor_parallel_diagram(t: int = 2) -> plt.Figure:
+    """Megatron-LM's tensor-parallel MLP, ``Z = GeLU(X A) B``, on ``t`` GPUs.
+
+    ``A`` is split by columns: GPU ``i`` holds ``A_i`` and computes its slice of the hidden
+    units, ``Y_i = GeLU(X A_i)``, with no communication. ``B`` is split by rows: GPU ``i``
+    multiplies ``Y_i`` by ``B_i`` and holds a partial sum ``Z_i``. The operator ``f`` before the
+    block is the identity forward and an all-reduce backward; ``g`` after it is an all-reduce
+    forward and the identity backward (Shoeybi et al. 2019, figure 3a). The shaded slices
+    carry ``gid = "A column i"`` and ``"B row i"``.
+
+    Args:
+        t: tensor-parallel GPUs, 2 to 4.
+
+    Returns:
+        The figure.
+    """
+    t = _checks.count("t", t, minimum=2)
+    if t > 4:
+        raise ValueError(f"tensor_parallel_diagram draws 2 to 4 GPUs, got t = {t}.")
+    lane = 1.35  # height of one GPU's lane
+    height = t * lane
+    xlim, ylim = (-0.1, 11.7), (-1.0, height + 0.45)
+    fig, ax = plt.subplots(figsize=(6.4, 6.4 * (ylim[1] - ylim[0]) / (xlim[1] - xlim[0])))
+    mid = height / 2
+    box = {"boxstyle": "round,pad=0.25", "facecolor": "white", "edgecolor": "0.3"}
+    op = {"boxstyle": "circle,pad=0.3", "facecolor": "#ffe08a", "edgecolor": "0.2"}
+    ax.text(0.3, mid, "$X$", ha="center", va="center", fontsize=11, bbox=box)
+    ax.text(1.25, mid, "$f$", ha="center", va="center", fontsize=12, fontweight="bold", bbox=op,
+            gid="f")
+    ax.text(10.35, mid, "$g$", ha="center", va="center", fontsize=12, fontweight="bold", bbox=op,
+            gid="g")
+    ax.text(11.3, mid, "$Z$", ha="center", va="center", fontsize=11, bbox=box)
+    for x0, x1 in ((0.6, 0.95), (10.65, 11.0)):
+        ax.annotate("", xy=(x1, mid), xytext=(x0, mid),
+                    arrowprops={"arrowstyle": "-|>", "color": "0.3"})
+    a_w, a_h, b_w, b_h = 1.0, 0.5, 0.5, 1.0  # A is h x 4h (wide), B is 4h x h (tall)
+    for i in range(t):
+        y = height - (i + 0.5) * lane  # lane centre, GPU 0 on top
+        colour = _colour(i)
+        ax.add_patch(FancyBboxPatch((1.85, y - 0.58), 7.85, 1.16, boxstyle="round,pad=0.02",
+                                    facecolor=colour, alpha=0.08, edgecolor="none"))
+        ax.text(1.92, y + 0.55, f"GPU {i}", ha="left", va="top", fontsize=9, color=colour,
+                fontweight="bold")
+        ax.annotate("", xy=(2.0, y), xytext=(1.55, mid),
+                    arrowprops={"arrowstyle": "-|>", "color": "0.4"})
+        # A: the whole matrix outlined, GPU i's column block shaded
+        ax.add_patch(Rectangle((2.05, y - a_h / 2), a_w, a_h, fill=False, edgecolor="0.6"))
+        ax.add_patch(Rectangle((2.05 + i * a_w / t, y - a_h / 2), a_w / t, a_h,
+                               facecolor=colour, alpha=0.8, edgecolor="0.2",
+                               gid=f"A column {i}"))
+        ax.text(2.05 + a_w / 2, y - a_h / 2 - 0.04, f"$A_{i}$", ha="center", va="top",
+                fontsize=10)
+        ax.annotate("", xy=(3.55, y), xytext=(3.1, y),
+                    arrowprops={"arrowstyle": "-|>", "color": "0.4"})
+        ax.text(4.55, y, f"$Y_{i}$ = GeLU($XA_{i}$)", ha="center", va="center", fontsize=10,
+                bbox={**box, "edgecolor": colour})
+        ax.annotate("", xy=(6.1, y), xytext=(5.6, y),
+                    arrowprops={"arrowstyle": "-|>", "color": "0.4"})
+        # B: the whole matrix outlined, GPU i's row block shaded
+        ax.add_patch(Rectangle((6.15, y - b_h / 2), b_w, b_h, fill=False, edgecolor="0.6"))
+        ax.add_patch(Rectangle((6.15, y + b_h / 2 - (i + 1) * b_h / t), b_w, b_h / t,
+                               facecolor=colour, alpha=0.8, edgecolor="0.2", gid=f"B row {i}"))
+        ax.text(6.15 + b_w + 0.08, y + 0.3, f"$B_{i}$", ha="left", va="center", fontsize=10)
+        ax.annotate("", xy=(7.55, y), xytext=(6.75, y),
+                    arrowprops={"arrowstyle": "-|>", "color": "0.4"})
+        ax.text(8.6, y, f"$Z_{i} = Y_{i} B_{i}$", ha="center", va="center", fontsize=10,
+                bbox={**box, "edgecolor": colour})
+        ax.annotate("", xy=(10.1, mid), xytext=(9.55, y),
+                    arrowprops={"arrowstyle": "-|>", "color": "0.4"})
+    ax.text(2.55, height + 0.05, "A: by columns", ha="center", va="bottom", fontsize=9)
+    ax.text(6.4, height + 0.05, "B: by rows", ha="center", va="bottom", fontsize=9)
+    ax.text(8.6, height + 0.05, "partial sums", ha="center", va="bottom", fontsize=9)
+    ax.text(0.0, -0.12, "$f$: copy forward, all-reduce backward", ha="left", va="top",
+            fontsize=10)
+    ax.text(0.0, -0.55, "$g$: all-reduce forward ($Z = \\Sigma_i Z_i$), copy backward",
+            ha="left", va="top", fontsize=10)
+    _diagram_axes(ax, xlim, ylim)
+    fig.subplots_adjust(left=0.01, right=0.99, top=0.99, bottom=0.01)
+    return fig
+
+
+def _text_on(colour) -> str:
+    """Black or white, whichever reads better on ``colour`` (by its relative luminance)."""
+    r, g, b = matplotlib.colors.to_rgb(colour)
+    return "black" if 0.2126 * r + 0.7152 * g + 0.0722 * b > 0.6 else "white"
+
+
+def three_d_ranks(dp: int, pp: int, tp: int) -> np.ndarray:
+    """The GPU of each (pipeline stage, data-parallel replica, tensor rank) in a 3-D layout.
+
+    The placement of :class:`clusterlab.analytic.plan.workload.Layout` (Megatron-LM's order):
+    tensor ranks innermost, then data-parallel replicas, then pipeline stages, so GPU
+    ``tp * (dp * stage + replica) + tensor_rank``.
+
+    Returns:
+        i32[pp, dp, tp]: GPU numbers 0 to ``dp * pp * tp - 1``. A tensor-parallel group is
+        ``[s, d, :]``, a data-parallel group ``[s, :, r]``, a pipeline ``[:, d, r]``.
+    """
+    dp, pp, tp = (_checks.count(n, v) for n, v in (("dp", dp), ("pp", pp), ("tp", tp)))
+    return np.arange(dp * pp * tp, dtype=np.int32).reshape(pp, dp, tp)
+
+
+def three_d_groups(dp: int, pp: int, tp: int) -> dict[str, np.ndarray]:
+    """Each kind of group of a 3-D layout (:func:`three_d_ranks`) as rows of GPU numbers.
+
+    Returns:
+        ``{"tensor": i32[dp*pp, tp], "pipeline": i32[dp*tp, pp], "data": i32[pp*tp, dp]}``.
+    """
+    ranks = three_d_ranks(dp, pp, tp)
+    return {"tensor": ranks.reshape(-1, tp),
+            "pipeline": ranks.transpose(1, 2, 0).reshape(-1, pp),
+            "data": ranks.transpose(0, 2, 1).reshape(-1, dp)}
+
+
+def three_d_parallelism_diagram(dp: int = 2, pp: int = 2, tp: int = 4, *,
+                                gpus_per_server: int = 8) -> plt.Figure:
+    """The GPUs of a small cluster coloured by their tensor, pipeline and data-parallel groups.
+
+    Three panels show the same ``dp * pp * tp`` GPUs (servers of ``gpus_per_server``, GPUs
+    numbered as :func:`three_d_ranks` places them): in each, GPUs of one group share a colour,
+    and the title says whether every group of that kind stays inside a server or some cross
+    servers. Each GPU's box carries ``gid = "<kind> <group>"`` (kind ``tensor``, ``pipeline``
+    or ``data``, group the row of :func:`three_d_groups`).
+
+    Args:
+        dp, pp, tp: data-parallel replicas, pipeline stages, tensor-parallel GPUs.
+        gpus_per_server: GPUs in a server; ``tp`` must divide it (tensor parallelism stays on
+            NVLink), and the GPUs must fill whole servers, at most four.
+
+    Returns:
+        The figure.
+    """
+    gps = _checks.count("gpus_per_server", gpus_per_server)
+    groups = three_d_groups(dp, pp, tp)
+    n = dp * pp * tp
+    if gps % tp:
+        raise ValueError(f"tp = {tp} must divide gpus_per_server = {gps}: a tensor-parallel "
+                         "group stays inside one server.")
+    if n % gps or not 1 <= n // gps <= 4:
+        raise ValueError(f"dp * pp * tp = {n} GPUs must fill 1 to 4 whole servers of {gps}; "
+                         "choose dp and pp so that it does.")
+    servers = n // gps
+    rows_per_server = 1 if servers <= 2 else 2  # a server's GPUs in one row, or two
+    cols = int(np.ceil(gps / rows_per_server))
+    cmap = plt.get_cmap("tab20" if max(len(g) for g in groups.values()) > 10 else "tab10")
+    names = {"tensor": f"Tensor groups of {tp}", "pipeline": f"Pipeline groups of {pp} stages",
+             "data": f"Data-parallel groups of {dp}"}
+    xlim = (-0.2, servers * (cols + 0.8) - 0.6)
+    ylim = (-0.2, rows_per_server + 0.55)
+    panel_h = DIAGRAM_MAX_WIDTH_IN * (ylim[1] - ylim[0]) / (xlim[1] - xlim[0])
+    fig, axes = plt.subplots(3, 1, figsize=(DIAGRAM_MAX_WIDTH_IN, 3 * (panel_h + 0.45) + 0.3))
+    for ax, (kind, members_of) in zip(axes, groups.items()):
+        group_of = np.empty(n, dtype=int)
+        for g, members in enumerate(members_of):
+            group_of[members] = g
+        crosses = any(len(set(members // gps)) > 1 for members in members_of)
+        for s in range(servers):
+            x0 = s * (cols + 0.8)
+            ax.add_patch(FancyBboxPatch((x0 - 0.08, -0.08), cols + 0.16, rows_per_server + 0.16,
+                                        boxstyle="round,pad=0.04", facecolor="0.95",
+                                        edgecolor="0.5"))
+            ax.text(x0 + cols / 2, rows_per_server + 0.14, f"server {s}", ha="center",
+                    va="bottom", fontsize=9, color="0.3")
+            for local in range(gps):
+                gpu = s * gps + local
+                x, y = x0 + local % cols, rows_per_server - 1 - local // cols
+                colour = cmap(group_of[gpu] % cmap.N)
+                ax.add_patch(Rectangle((x + 0.05, y + 0.05), 0.9, 0.9, facecolor=colour,
+                                       edgecolor="white", gid=f"{kind} {group_of[gpu]}"))
+                ax.text(x + 0.5, y + 0.5, str(gpu), ha="center", va="center", fontsize=10,
+                        color=_text_on(colour), fontweight="bold")
+        where = "some cross servers (network)" if crosses else "each inside a server (NVLink)"
+        ax.set_title(f"{names[kind]}: {where}", fontsize=10, loc="left",
+                     color="#b2182b" if crosses else "0.1")
+        _diagram_axes(ax, xlim, ylim)
+    fig.text(0.01, 0.01, f"dp = {dp}, pp = {pp}, tp = {tp}: {n} GPUs; a colour is a group",
+             fontsize=9, color="0.3")
+    fig.subplots_adjust(left=0.02, right=0.98, top=0.93, bottom=0.07, hspace=0.5)
+    return fig
+
+
+#: The expert diagram's default routing: 2 devices, 4 tokens each, top-2 of 4 experts, every
+#: expert chosen twice by each device (an even load; i32[devices, tokens, k]).
+EXPERT_DIAGRAM_CHOICES = np.array([[[0, 2], [1, 3], [0, 3], [1, 2]],
+                                   [[1, 2], [0, 3], [0, 2], [1, 3]]], dtype=np.int32)
+EXPERT_DIAGRAM_MAX_SLOTS = 16
+
+
+def expert_slots(choices: np.ndarray, n_experts: int, capacity: int) -> np.ndarray:
+    """Which token fills each slot of each device's dispatch buffer, first come first served.
+
+    Args:
+        choices: i32[p, T, k], the experts each device's tokens chose.
+        n_experts: E.
+        capacity: C, slots per expert per device.
+
+    Returns:
+        i32[p, E, C]: the token (0 to T-1 on that device) in each slot, -1 where empty; a
+        token past an expert's ``C`` slots is dropped, as in
+        :func:`clusterlab.analytic.moe.predicted_dropped`.
+    """
+    p, tokens, _ = choices.shape
+    slots = np.full((p, n_experts, capacity), -1, dtype=np.int32)
+    filled = np.zeros((p, n_experts), dtype=int)
+    for d in range(p):
+        for token in range(tokens):
+            for e in choices[d, token]:
+                if filled[d, e] < capacity:
+                    slots[d, e, filled[d, e]] = token
+                    filled[d, e] += 1
+    return slots
+
+
+def expert_routing_diagram(choices: np.ndarray | None = None, *, n_experts: int = 4,
+                           capacity_factor: float = 1.0) -> plt.Figure:
+    """A mixture-of-experts layer under expert parallelism, top to bottom.
+
+    Each device's tokens (``a0``, ``a1``, ... on device 0, ``b0`` ... on device 1) pick their
+    top-k experts; each device fills a dispatch buffer of ``C`` slots per expert
+    (:func:`clusterlab.analytic.moe.expert_capacity`, first come first served,
+    :func:`expert_slots`); the dispatch all-to-all sends each expert's slots to the device that
+    holds it (``E / p`` experts each); the experts run; the combine all-to-all sends the
+    outputs back, and each token sums its k outputs, weighted by the router. A token's colour is
+    its home device's; empty slots (headroom) are dotted. Slot boxes carry ``gid`` ``"buffer d
+    e c"`` (on device d) and ``"expert d e s c"`` (expert e on device d, from device s).
+
+    Args:
+        choices: i32[p, T, k], the experts chosen by each of device d's T tokens; None:
+            :data:`EXPERT_DIAGRAM_CHOICES` (2 devices, 4 tokens, top-2 of 4 experts).
+        n_experts: E, a multiple of the p devices.
+        capacity_factor: c in ``C = ceil(c T k / E)``.
+
+    Returns:
+        The figure.
+    """
+    choices = EXPERT_DIAGRAM_CHOICES if choices is None else np.asarray(choices)
+    if choices.ndim != 3:
+        raise ValueError(f"choices must be [devices, tokens, k], got shape {choices.shape}.")
+    p, tokens, k = choices.shape
+    n_experts = _checks.count("n_experts", n_experts)
+    if p < 2 or n_experts % p:
+        raise ValueError(f"Expert parallelism needs at least 2 devices and a number of experts "
+                         f"that they divide, got {p} devices and {n_experts} experts.")
+    if choices.min() < 0 or choices.max() >= n_experts:
+        raise ValueError(f"choices must name experts 0 to {n_experts - 1}.")
+    capacity = moe.expert_capacity(tokens, n_experts=n_experts, top_k=k,
+                                   capacity_factor=capacity_factor)
+    width = n_experts * capacity  # slots per device in a buffer row and in the experts row
+    if p * width > EXPERT_DIAGRAM_MAX_SLOTS or tokens > width:
+        raise ValueError(f"{p} devices of {n_experts} x {capacity} slots are too many to draw "
+                         f"legibly (at most {EXPERT_DIAGRAM_MAX_SLOTS} slots across).")
+    slots = expert_slots(choices, n_experts, capacity)
+    per_device = n_experts // p
+    letters = "abcdefgh"
+    home = [_colour(d) for d in range(p)]
+    gap, expert_gap = 1.6, 0.25
+    col_w = width + expert_gap * (n_experts - 1)
+    x_dev = [3.3 + d * (col_w + gap) for d in range(p)]
+    rows = {"tokens": 8.4, "buffer": 6.4, "experts": 3.4, "outputs": 0.6}
+    xlim, ylim = (-0.1, x_dev[-1] + col_w + 0.1), (-1.6, rows["tokens"] + 1.7)
+    fig, ax = plt.subplots(figsize=(6.4, 6.4 * (ylim[1] - ylim[0]) / (xlim[1] - xlim[0])))
+
+    def slot(x, y, token, source, gid):
+        if token < 0:
+            ax.add_patch(Rectangle((x + 0.05, y), 0.9, 0.9, fill=False, edgecolor="0.6",
+                                   linestyle=":", gid=gid))
+            return
+        ax.add_patch(Rectangle((x + 0.05, y), 0.9, 0.9, facecolor=home[source],
+                               edgecolor="white", gid=gid))
+        ax.text(x + 0.5, y + 0.45, f"{letters[source]}{token}", ha="center", va="center",
+                fontsize=9, color="white", fontweight="bold")
+
+    def token_row(y, label):
+        for d in range(p):
+            step = col_w / tokens
+            for token in range(tokens):
+                slot(x_dev[d] + (token + 0.5) * step - 0.5, y, token, d, f"{label} {d} {token}")
+
+    def expert_x(d, e):  # left edge of expert e's group in device d's row
+        return x_dev[d] + e * (capacity + expert_gap)
+
+    token_row(rows["tokens"], "token")
+    token_row(rows["outputs"], "output")
+    for d in range(p):
+        ax.text(x_dev[d] + col_w / 2, rows["tokens"] + 1.15, f"device {d}", ha="center",
+                va="bottom", fontsize=10, fontweight="bold", color=home[d])
+        for e in range(n_experts):  # dispatch buffer: C slots per expert, by destination
+            for c in range(capacity):
+                slot(expert_x(d, e) + c, rows["buffer"], int(slots[d, e, c]), d,
+                     f"buffer {d} {e} {c}")
+            ax.text(expert_x(d, e) + capacity / 2, rows["buffer"] - 0.05, f"E{e}",
+                    ha="center", va="top", fontsize=9)
+        for j, e in enumerate(range(d * per_device, (d + 1) * per_device)):
+            x0 = x_dev[d] + j * (p * capacity + expert_gap)
+            ax.add_patch(FancyBboxPatch((x0, rows["experts"] - 0.1), p * capacity, 1.1,
+                                        boxstyle="round,pad=0.05", fill=False,
+                                        edgecolor="0.2", linewidth=1.2))
+            ax.text(x0 + p * capacity / 2, rows["experts"] + 1.1, f"expert E{e}", ha="center",
+                    va="bottom", fontsize=9, fontweight="bold")
+            for s in range(p):
+                for c in range(capacity):
+                    slot(x0 + s * capacity + c, rows["experts"], int(slots[s, e, c]), s,
+                         f"expert {d} {e} {s} {c}")
+        # router: each token to its k slots in its own device's buffer
+        for token in range(tokens):
+            tx = x_dev[d] + (token + 0.5) * col_w / tokens
+            for e in choices[d, token]:
+                where = np.flatnonzero(slots[d, e] == token)
+                if where.size:
+                    ax.plot([tx, expert_x(d, e) + where[0] + 0.5],
+                            [rows["tokens"] - 0.05, rows["buffer"] + 0.95], color="0.6",
+                            linewidth=0.8)
+    for s in range(p):  # the two all-to-alls: a block per (source, destination) pair
+        for d in range(p):
+            x_src = (expert_x(s, d * per_device) + expert_x(s, (d + 1) * per_device - 1)
+                     + capacity) / 2
+            x_dst = x_dev[d] + col_w / 2 + (s - (p - 1) / 2) * 1.2
+            style = {"arrowstyle": "-|>", "mutation_scale": 12,
+                     "color": "black" if s != d else "0.6",
+                     "linewidth": 2.0 if s != d else 1.2,
+                     "linestyle": "-" if s != d else "--"}
+            ax.add_patch(FancyArrowPatch((x_src, rows["buffer"] - 0.5),
+                                         (x_dst, rows["experts"] + 1.5), **style))
+            ax.add_patch(FancyArrowPatch((x_dst, rows["experts"] - 0.2),
+                                         (x_src, rows["outputs"] + 1.05), **style))
+    labels = {"tokens": "tokens", "buffer": f"top-{k}\nrouting", "experts": "experts\nrun",
+              "outputs": f"sum of {k}\noutputs"}
+    for key, text in labels.items():
+        ax.text(0.0, rows[key] + 0.45, text, ha="left", va="center", fontsize=9)
+    ax.text(0.0, (rows["buffer"] + rows["experts"] + 0.9) / 2, "dispatch\nall-to-all",
+            ha="left", va="center", fontsize=10, fontweight="bold")
+    ax.text(0.0, (rows["experts"] + rows["outputs"] + 0.7) / 2, "combine\nall-to-all",
+            ha="left", va="center", fontsize=10, fontweight="bold")
+    dropped = moe.predicted_dropped(choices, capacity, n_experts)
+    note = (f"{n_experts} experts, {per_device} per device; C = {capacity} "
+            f"slot{'s' if capacity > 1 else ''} per expert per device"
+            + (f"; {dropped} assignments dropped" if dropped else ""))
+    ax.text(0.0, -0.2, note + "\nsolid arrow: crosses devices; dashed: stays", ha="left",
+            va="top", fontsize=9, color="0.3")
+    _diagram_axes(ax, xlim, ylim)
+    fig.subplots_adjust(left=0.01, right=0.99, top=0.99, bottom=0.01)
+    return fig
+
+
+FOUR_LAYERS_COLOURS = {"gpu": "#76b900", "server": "#eeeeee", "nvlink": "#1f77b4",
+                       "fabric": "#ff7f0e", "storage": "#9467bd", "software": "#d9d9d9"}
+
+
+def four_layers_diagram(n_servers: int = 4, gpus_per_server: int = 8) -> plt.Figure:
+    """The four layers of a GPU cluster, drawn: servers of GPUs (1) joined inside by NVLink (2),
+    a leaf-spine fabric between them (3), shared storage on a network of its own (4), and the
+    software below.
+
+    Numbered black markers (``gid = "layer 1"`` to ``"layer 4"``) tie the parts to the legend;
+    each GPU's box carries ``gid = "gpu"``, each server's ``"server"``.
+
+    Args:
+        n_servers: servers drawn, 2 to 6 (half of them under each leaf switch).
+        gpus_per_server: GPUs drawn in each server, 1 to 8.
+
+    Returns:
+        The figure.
+    """
+    n_servers = _checks.count("n_servers", n_servers, minimum=2)
+    gpus_per_server = _checks.count("gpus_per_server", gpus_per_server)
+    if n_servers > 6 or gpus_per_server > 8:
+        raise ValueError(f"four_layers_diagram draws 2 to 6 servers of 1 to 8 GPUs, got "
+                         f"{n_servers} servers of {gpus_per_server}.")
+    colors = FOUR_LAYERS_COLOURS
+    server_w, gap = 2.2, 0.3
+    xs = [i * (server_w + gap) for i in range(n_servers)]
+    right = xs[-1] + server_w
+    sx = right + 0.6  # the storage box's left edge
+    xlim, ylim = (-0.55, sx + 2.15), (-0.1, 4.95)
+    fig, ax = plt.subplots(figsize=(DIAGRAM_MAX_WIDTH_IN, DIAGRAM_MAX_WIDTH_IN
+                                    * (ylim[1] - ylim[0]) / (xlim[1] - xlim[0])))
+    slot = (server_w - 0.3) / gpus_per_server
+    for x in xs:  # layer 1: servers with GPUs; layer 2: NVSwitch inside each server
+        ax.add_patch(FancyBboxPatch((x, 1.2), server_w, 1.6, boxstyle="round,pad=0.02",
+                                    facecolor=colors["server"], edgecolor="black", lw=1,
+                                    gid="server"))
+        ax.add_patch(Rectangle((x + 0.15, 1.95), server_w - 0.3, 0.16, facecolor=colors["nvlink"],
+                               edgecolor="none"))
+        for g in range(gpus_per_server):
+            gx = x + 0.15 + g * slot
+            ax.add_patch(Rectangle((gx + 0.025, 1.35), slot - 0.05, 0.42,
+                                   facecolor=colors["gpu"], edgecolor="black", lw=0.5, gid="gpu"))
+            ax.plot([gx + slot / 2] * 2, [1.77, 1.95], color=colors["nvlink"], lw=1)
+        ax.add_patch(Rectangle((x + 0.15, 2.28), server_w - 0.3, 0.38, facecolor="white",
+                               edgecolor="black", lw=0.5))
+        ax.text(x + server_w / 2, 2.47, "NICs", ha="center", va="center", fontsize=9)
+    # layer 3: leaf and spine switches
+    leaves = [right * f for f in (0.25, 0.75)]
+    spines = [right * f for f in (0.4, 0.6)]
+    for i, x in enumerate(xs):
+        leaf = leaves[0] if i < n_servers // 2 else leaves[1]
+        ax.plot([x + server_w / 2, leaf], [2.66, 3.45], color=colors["fabric"], lw=2)
+    for leaf in leaves:
+        for spine in spines:
+            ax.plot([leaf, spine], [3.85, 4.45], color=colors["fabric"], lw=2)
+    for names, centres, y in (("leaf", leaves, 3.45), ("spine", spines, 4.45)):
+        for cx in centres:
+            ax.add_patch(Rectangle((cx - 0.75, y), 1.5, 0.4, facecolor=colors["fabric"],
+                                   edgecolor="black", lw=0.8))
+            ax.text(cx, y + 0.2, names, ha="center", va="center", fontsize=9)
+    # layer 4: shared storage on a network of its own, not the compute fabric
+    ax.add_patch(FancyBboxPatch((sx, 1.2), 1.9, 1.6, boxstyle="round,pad=0.02",
+                                facecolor=colors["storage"], edgecolor="black", lw=1))
+    ax.text(sx + 0.95, 2.0, "shared\nstorage", ha="center", va="center", fontsize=10,
+            color="white", fontweight="bold")
+    ax.plot([xs[0] + 0.3, sx + 0.3], [1.0, 1.0], color=colors["storage"], lw=2)
+    for x in [*xs, sx]:
+        ax.plot([x + 0.3, x + 0.3], [1.0, 1.2], color=colors["storage"], lw=2)
+    ax.text(sx + 0.95, 0.93, "storage network", ha="center", va="top", fontsize=9,
+            color=colors["storage"])
+    # the software stack and the scheduler
+    ax.add_patch(Rectangle((xs[0], 0.0), sx + 1.9 - xs[0], 0.5, facecolor=colors["software"],
+                           edgecolor="black", lw=0.8))
+    ax.text((xs[0] + sx + 1.9) / 2, 0.25,
+            "software: scheduler, JAX / PyTorch, NCCL, monitoring",
+            ha="center", va="center", fontsize=9)
+
+    def marker(x, y, number):
+        ax.add_patch(plt.Circle((x, y), 0.2, facecolor="black", edgecolor="none", zorder=5,
+                                gid=f"layer {number}"))
+        ax.text(x, y, str(number), color="white", ha="center", va="center", fontsize=9,
+                fontweight="bold", zorder=6)
+
+    marker(xs[0] - 0.25, 1.56, 1)
+    marker(xs[0] - 0.25, 2.03, 2)
+    marker(leaves[0] - 1.0, 3.65, 3)
+    marker(sx + 1.9, 2.8, 4)
+    legend = [f"GPU servers ({gpus_per_server} GPUs)", "node interconnect: NVLink",
+              "fabric: InfiniBand / RoCE", "shared storage"]
+    for i, text in enumerate(legend):
+        y = 4.65 - 0.42 * i
+        marker(leaves[1] + 1.3, y, i + 1)
+        ax.text(leaves[1] + 1.58, y, text, ha="left", va="center", fontsize=9)
+    _diagram_axes(ax, xlim, ylim)
+    fig.subplots_adjust(left=0.0, right=1.0, top=1.0, bottom=0.0)
+    return fig
