@@ -1,8 +1,34 @@
-"""Answer key of lab 11, serving (instructor-only: student copies leave keys/ out)."""
+"""Answer key of lab 11, serving (instructor-only: student copies leave keys/ out).
+
+``lab11.4`` is the KV-cache assignment: the student's ``decode_attention(q, k, v, k_cache,
+v_cache, t)`` is one layer's attention in one decode step: the new token's query, key and value
+f32[B, NH, Dh], the caches f32[B, NH, S, Dh] and its position t (an i32 scalar); it returns the
+heads' output f32[B, NH, Dh] and both caches with position t written. The hidden tests, on two
+small decoders of ``decode.init_params``' shapes (drawn with NumPy) with sizes the lab never
+shows:
+
+1. decoding: the library's ``prefill`` fills the cache with a prompt, then the grader decodes
+   greedily to the end of the cache with the student's program in every layer (the rest of the
+   step written out here as ``decode`` computes it) and compares every step's logits with
+   ``decode.forward`` of the whole sequence at once; writing at t + 1, attending over the whole
+   cache, masking the token's own position or leaving out the 1/sqrt(Dh) fail here;
+2. a reused cache: steps at the first, a middle and the last position t, whose later positions
+   hold an earlier sequence's stale keys and values; the output must equal attention over
+   positions 0..t (NumPy) and the caches must come back with position t, and only t, replaced.
+   A mask read from the cache's zeros instead of from the positions, and a write over every
+   position from t on, pass 1 and fail here.
+"""
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
 
 from clusterlab.analytic import memory, serving
 from clusterlab.catalog import hardware
-from clusterlab.course import grading
+from clusterlab.course import grading, verification
+from clusterlab.device import decode, models
 
 _LLAMA = serving.LLAMA_3_70B
 
@@ -16,6 +42,131 @@ def _predicted_long_cache_step_s(ns):
             bytes_per_element=ns["BYTES_PER_VALUE"]))
     bandwidth = step_bytes(1, ns["SWEEP_LEN"]) / ns["step_s"][1]
     return step_bytes(ns["SEQ_BATCH"], ns["LENGTHS"][-1]) / bandwidth
+
+
+
+class _Case(NamedTuple):
+    """One hidden case: a decoder of n_layers blocks, batch sequences, a cache of cache_len."""
+
+    batch: int
+    n_heads: int
+    head_dim: int
+    cache_len: int       # S, also the decoder's max_len
+    prompt_len: int      # prefilled; the steps decode positions prompt_len .. S - 1
+    n_layers: int
+    stale_ts: tuple[int, ...]   # the positions of the steps on a reused cache
+    seed: int
+
+    @property
+    def name(self) -> str:
+        return (f"{self.batch} sequence(s), {self.n_heads} heads of {self.head_dim}, a cache of "
+                f"{self.cache_len}")
+
+    def args(self) -> list[tuple[tuple[int, ...], str]]:
+        token = ((self.batch, self.n_heads, self.head_dim), "float32")
+        cache = ((self.batch, self.n_heads, self.cache_len, self.head_dim), "float32")
+        return [token, token, token, cache, cache, ((), "int32")]
+
+
+# the lab shows 4 sequences, 8 heads of 96 and a cache of 64; none of these. The steps on a
+# reused cache take positions in the middle, the first and the last.
+_CASES = (_Case(2, 3, 4, 10, 3, 2, (6, 0), 1101), _Case(3, 2, 8, 7, 1, 1, (2, 6), 1102))
+_VOCAB, _HIDDEN = 37, 24
+
+
+def _decode_step(params, attention, cache, token, t):
+    """decode.decode_step with ``attention(q, k, v, k_cache, v_cache, t)`` in every layer."""
+    x = params["embed"][token] + params["pos"][t]                          # f32[B, D]
+    keys, values = [], []
+    for block, k_cache, v_cache in zip(params["layers"], cache.k, cache.v):
+        h = models.layer_norm(x, block["ln1_scale"], block["ln1_bias"])
+        q, k, v = (jnp.einsum("bd,dhe->bhe", h, block[w]) for w in ("wq", "wk", "wv"))
+        heads, k_cache, v_cache = attention(q, k, v, k_cache, v_cache, t)
+        x = x + jnp.einsum("bhe,hed->bd", heads, block["wo"])
+        h = models.layer_norm(x, block["ln2_scale"], block["ln2_bias"])
+        x = x + jax.nn.relu(h @ block["w1"] + block["b1"]) @ block["w2"] + block["b2"]
+        keys.append(k_cache)
+        values.append(v_cache)
+    logits = models.layer_norm(x, params["ln_f_scale"], params["ln_f_bias"]) @ params["unembed"]
+    return logits, decode.KVCache(tuple(keys), tuple(values))
+
+
+def _decoder(case: _Case) -> dict:
+    """A decoder of decode.init_params' shapes, drawn with NumPy (nothing to compile per case):
+    unit embeddings, weights of scale 1/sqrt(fan-in), LayerNorm scales near 1, biases near 0."""
+    d_model, rng = case.n_heads * case.head_dim, np.random.default_rng(case.seed)
+
+    def draw(path, leaf):
+        name, noise = jax.tree_util.keystr(path), rng.standard_normal(leaf.shape)
+        if leaf.ndim == 1:                                   # LayerNorm scales, biases
+            return (("scale" in name) + 0.1 * noise).astype(np.float32)
+        fan_in = 1 if name in ("['embed']", "['pos']") else d_model if leaf.ndim == 3 else (
+            leaf.shape[0])                                   # wq, wk, wv, wo: D; w2: H
+        return (noise / np.sqrt(fan_in)).astype(np.float32)
+
+    shapes = jax.eval_shape(lambda key: decode.init_params(
+        key, vocab_size=_VOCAB, d_model=d_model, n_heads=case.n_heads, d_hidden=_HIDDEN,
+        n_layers=case.n_layers, max_len=case.cache_len), jax.random.key(0))
+    return jax.tree_util.tree_map_with_path(draw, shapes)
+
+
+def _check_decoding(program: grading.Program, case: _Case) -> None:
+    params = _decoder(case)
+    prompt = np.random.default_rng(case.seed).integers(0, _VOCAB, (case.batch, case.prompt_len),
+                                                       dtype=np.int32)
+    with verification.fp32_matmuls():
+        # the student's program, rebuilt from its export, called inside one compiled step
+        step = jax.jit(lambda params, cache, token, t: _decode_step(
+            params, program.exported.call, cache, token, t))
+        logits, cache = decode.prefill(params, prompt)                     # f32[B, P, V]
+        rows, tokens = [logits], [prompt]
+        for t in range(case.prompt_len, case.cache_len):                  # greedy, to the end
+            token = jnp.argmax(rows[-1][:, -1], axis=-1).astype(jnp.int32)  # i32[B]
+            step_logits, cache = step(params, cache, token, jnp.int32(t))
+            rows.append(step_logits[:, None])
+            tokens.append(token[:, None])
+        expected = jax.jit(decode.forward)(params, jnp.concatenate(tokens, axis=1))
+    grading.require_close(
+        f"decoding {case.name}: every step's logits against decode.forward",
+        np.asarray(jnp.concatenate(rows, axis=1)), np.asarray(expected),
+        hint="the token at position t must see positions 0..t, its own key and value "
+             "included, and nothing after t; scores scaled by 1/sqrt(Dh) as in "
+             "models.causal_attention.")
+
+
+def _reference_step(q, k, v, k_cache, v_cache, t):
+    """NumPy: position t of both caches replaced, then attention over positions 0..t."""
+    k_cache, v_cache = k_cache.copy(), v_cache.copy()
+    k_cache[:, :, t], v_cache[:, :, t] = k, v
+    scores = np.einsum("bhe,bhse->bhs", q, k_cache[:, :, :t + 1]) / np.sqrt(q.shape[-1])
+    weights = np.exp(scores - scores.max(axis=-1, keepdims=True))
+    weights /= weights.sum(axis=-1, keepdims=True)
+    return np.einsum("bhs,bhse->bhe", weights, v_cache[:, :, :t + 1]), k_cache, v_cache
+
+
+def _check_reused_cache(program: grading.Program, case: _Case) -> None:
+    rng = np.random.default_rng(case.seed + 1)
+    for t in case.stale_ts:
+        q, k, v, k_cache, v_cache = (rng.standard_normal(shape, dtype=np.float32)
+                                     for shape, _ in case.args()[:5])
+        out, new_k, new_v = program(q, k, v, k_cache, v_cache, np.int32(t))
+        expected, expected_k, expected_v = _reference_step(q, k, v, k_cache, v_cache, t)
+        test = f"one step at position {t} of a reused cache ({case.name})"
+        grading.require_close(
+            f"{test}: its output", out, expected,
+            hint="positions after t may hold anything (a reused cache keeps an earlier "
+                 "sequence's keys and values): hide them by their position, not by what they "
+                 "hold.")
+        grading.require_close(
+            f"{test}: the caches it returns", (new_k, new_v), (expected_k, expected_v),
+            hint="return both caches with position t, and only position t, replaced by k and "
+                 "v.")
+
+
+def _check_decode_attention(programs) -> None:
+    for program, case in zip(programs, _CASES):
+        _check_decoding(program, case)
+        _check_reused_cache(program, case)
 
 
 KEY = {
@@ -39,4 +190,9 @@ KEY = {
              "of SWEEP_LEN positions, float32) over step_s[1]; the prediction is the bytes of a "
              "step of SEQ_BATCH sequences over LENGTHS[-1] positions over that bandwidth, in "
              "seconds."),
+    "lab11.4": grading.code(
+        _check_decode_attention, name="decode-step attention",
+        hint="Write position t of both caches before you attend, so that the token sees its "
+             "own key; then keep every position after t out of the softmax.",
+        exports=[grading.Export(args=case.args(), n_devices=1) for case in _CASES]),
 }

@@ -1,0 +1,58 @@
+"""The programming assignment of lab 11 (one decode step's attention against the KV cache,
+lab11.4): the instructor's solution, taken from the lab's solution cell, passes the key's hidden
+tests, and each bug planted into it fails the hidden test that names it.
+
+Programs are exported and rebuilt in this process as a submission's kernel and the grader do
+(:func:`clusterlab.course.grading.judge`).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from assignment_support import KEYS, lab_sources, solution_functions
+from clusterlab.course import grading
+
+_LAB11 = lab_sources("11", ["lab11-decode-attention"])
+_KEY11 = grading.load_key(KEYS / "lab11.py")
+_CASE = "2 sequence(s), 3 heads of 4, a cache of 10"      # the first hidden case
+_DECODING = f"decoding {_CASE}: every step's logits against decode.forward"
+_REUSED = f"one step at position 6 of a reused cache ({_CASE})"
+_MASK = "jnp.where(seen, scores, -jnp.inf)"
+_WRITE_K = "k_cache.at[:, :, t].set(k)"
+
+
+def _judge(planted: tuple[str, str] | None = None) -> grading.Verdict:
+    function = solution_functions(_LAB11, planted)["decode_attention"]
+    return grading.judge(_KEY11, "lab11.4", function, {})
+
+
+def test_lab11_solution_passes_the_hidden_tests():
+    assert len(_KEY11["lab11.4"].exports) == 2
+    verdict = _judge()
+    assert verdict.passed, verdict.line
+
+
+@pytest.mark.parametrize("planted, failed", [
+    ((_WRITE_K, "k_cache.at[:, :, t + 1].set(k)"), _DECODING),
+    ((_MASK, "scores"), _DECODING),
+    (("shape[2]) <= t", "shape[2]) < t"), _DECODING),
+    ((" / jnp.sqrt(jnp.float32(q.shape[-1]))", ""), _DECODING),
+    (("jnp.arange(k_cache.shape[2]) <= t", "jnp.any(k_cache != 0, axis=-1)"),
+     f"{_REUSED}: its output"),
+    ((_WRITE_K, "jnp.where((jnp.arange(k_cache.shape[2]) >= t)[:, None], k[:, :, None], "
+                "k_cache)"), f"{_REUSED}: the caches it returns"),
+], ids=["the new key written at t + 1", "the whole cache attended, unwritten positions too",
+        "the token's own position masked out", "scores not scaled by 1/sqrt(Dh)",
+        "unwritten positions told by their zeros, not their position",
+        "the new key written over every position from t on (>= for ==)"])
+def test_lab11_planted_bug_fails_its_hidden_test_by_name(planted, failed):
+    verdict = _judge(planted)
+    assert not verdict.passed
+    assert f": {failed}: " in verdict.line and "Hint:" in verdict.line, verdict.line
+
+
+def test_lab11_skeleton_is_refused_with_its_error():
+    skeleton = solution_functions(_LAB11[:1])["decode_attention"]
+    verdict = grading.judge(_KEY11, "lab11.4", skeleton, {})
+    assert not verdict.passed and "raised NotImplementedError" in verdict.line
