@@ -47,3 +47,9 @@ def solution_functions(sources: list[str], planted: tuple[str, str] | None = Non
     namespace = {"jax": jax, "jnp": jnp, "np": np, "models": models, **helpers}
     exec(compile(module, "<lab solution>", "exec"), namespace)
     return namespace
+
+
+def assert_fails_by_name(verdict, failed: str) -> None:
+    """A planted bug's verdict: refused, by the hidden test named ``failed``, with a hint."""
+    assert not verdict.passed
+    assert f": {failed}: " in verdict.line and "Hint:" in verdict.line, verdict.line

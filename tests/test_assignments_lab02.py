@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from assignment_support import KEYS, lab_sources, solution_functions
+from assignment_support import KEYS, assert_fails_by_name, lab_sources, solution_functions
 from clusterlab.course import grading
 
 _RS, _AG = "lab02-reduce-scatter", "lab02-all-gather"
@@ -62,8 +62,7 @@ def test_lab02_ring_solutions_pass_on_2_4_and_8_devices(label):
         "all_gather instead of the ring", "all-gather sends left, bookkeeping for right"])
 def test_lab02_planted_bug_fails_its_hidden_test_by_name(label, planted, failed):
     verdict = _judge(label, planted)
-    assert not verdict.passed
-    assert f": {failed}: " in verdict.line and "Hint:" in verdict.line, verdict.line
+    assert_fails_by_name(verdict, failed)
 
 
 @pytest.mark.parametrize("label", [_RS, _AG])

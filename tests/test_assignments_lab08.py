@@ -14,7 +14,7 @@ import importlib.util
 import numpy as np
 import pytest
 
-from assignment_support import KEYS, lab_sources, solution_functions
+from assignment_support import KEYS, assert_fails_by_name, lab_sources, solution_functions
 from clusterlab.course import grading
 
 _LABEL, _EXERCISE, _NAME = "lab08-gemm-roofline", "lab08.4", "gemm_roofline"
@@ -60,8 +60,7 @@ def test_lab08_hidden_cases_mix_both_classes_away_from_the_ridge():
         "always 2 bytes a value (BF16)", "the classes swapped"])
 def test_lab08_planted_bug_fails_its_hidden_test_by_name(planted, failed):
     verdict = _judge(planted)
-    assert not verdict.passed
-    assert f": {failed}: " in verdict.line and "Hint:" in verdict.line, verdict.line
+    assert_fails_by_name(verdict, failed)
 
 
 def test_lab08_python_max_is_refused_with_the_jax_numpy_hint():

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from assignment_support import KEYS, lab_sources, solution_functions
+from assignment_support import KEYS, assert_fails_by_name, lab_sources, solution_functions
 from clusterlab.analytic import costmodel
 from clusterlab.course import grading
 
@@ -69,8 +69,7 @@ _STATES, _BUBBLE = "its model-state bytes per GPU", "its pipeline bubble"
         "bubble (p - 1) / m", "micro-batches counted as sequences"])
 def test_lab10_planted_bug_fails_its_hidden_test_by_name(planted, failed):
     verdict = _judge(planted)
-    assert not verdict.passed
-    assert f": {failed}: " in verdict.line and "Hint:" in verdict.line, verdict.line
+    assert_fails_by_name(verdict, failed)
 
 
 def test_lab10_a_single_array_is_refused_by_its_shapes():

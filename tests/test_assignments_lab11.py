@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from assignment_support import KEYS, lab_sources, solution_functions
+from assignment_support import KEYS, assert_fails_by_name, lab_sources, solution_functions
 from clusterlab.course import grading
 
 _LAB11 = lab_sources("11", ["lab11-decode-attention"])
@@ -48,8 +48,7 @@ def test_lab11_solution_passes_the_hidden_tests():
         "the new key written over every position from t on (>= for ==)"])
 def test_lab11_planted_bug_fails_its_hidden_test_by_name(planted, failed):
     verdict = _judge(planted)
-    assert not verdict.passed
-    assert f": {failed}: " in verdict.line and "Hint:" in verdict.line, verdict.line
+    assert_fails_by_name(verdict, failed)
 
 
 def test_lab11_skeleton_is_refused_with_its_error():

@@ -12,14 +12,9 @@ from pathlib import Path
 import pytest
 
 from clusterlab.course import grading, sandbox
-from conftest import ROOT, fixture_submission
+from conftest import fixture_submission
+from test_grading_security import FIXTURE_KEYS, HONEST, SMALL
 
-FIXTURE_KEYS = ROOT / "tests" / "data" / "keys"
-SMALL = sandbox.Limits(cpu_s=6, memory_bytes=4 * 2**30, processes=96, wall_s=60)
-HONEST = ["from clusterlab.course import check\npair = (1, 2)",
-          "check.answer(\"lab98.1\", 2.5)",
-          "check.answer(\"lab98.2\", [1, 2])",
-          "def double(x):\n    return 2 * x\ncheck.answer(\"lab98.3\", double)"]
 FULL_MARKS = [["lab98.1", "1"], ["lab98.2", "1"], ["lab98.3", "1"]]
 
 
