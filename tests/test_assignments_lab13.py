@@ -15,7 +15,7 @@ import jax
 import numpy as np
 import pytest
 
-from assignment_support import KEYS, assert_fails_by_name, lab_sources, solution_functions
+from assignment_support import KEYS, lab_sources, solution_functions
 from clusterlab.course import grading
 from clusterlab.device.parallel import experts
 
