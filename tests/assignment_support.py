@@ -53,3 +53,21 @@ def assert_fails_by_name(verdict, failed: str) -> None:
     """A planted bug's verdict: refused, by the hidden test named ``failed``, with a hint."""
     assert not verdict.passed
     assert f": {failed}: " in verdict.line and "Hint:" in verdict.line, verdict.line
+
+
+def judge_solution(key, exercise_id: str, sources: list[str], name: str,
+                   planted: tuple[str, str] | None = None):
+    """The key's verdict on the lab's own solution function ``name`` (a bug planted first)."""
+    from clusterlab.course import grading
+
+    return grading.judge(key, exercise_id, solution_functions(sources, planted)[name], {})
+
+
+def key_module(lab: str):
+    """``keys/<lab>.py`` loaded as a module, for tests that read its hidden cases."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(f"{lab}_key", KEYS / f"{lab}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

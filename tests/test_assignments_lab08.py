@@ -14,7 +14,8 @@ import importlib.util
 import numpy as np
 import pytest
 
-from assignment_support import KEYS, assert_fails_by_name, lab_sources, solution_functions
+from assignment_support import (KEYS, assert_fails_by_name, judge_solution, lab_sources,
+                                solution_functions)
 from clusterlab.course import grading
 
 _LABEL, _EXERCISE, _NAME = "lab08-gemm-roofline", "lab08.4", "gemm_roofline"
@@ -25,8 +26,7 @@ _B200 = "a Llama-like layer (s 4096, b 2, d 4096, f 14336, t 4) on a B200 in FP8
 
 
 def _judge(planted: tuple[str, str] | None = None) -> grading.Verdict:
-    function = solution_functions(_SOURCES, planted)[_NAME]
-    return grading.judge(_KEY08, _EXERCISE, function, {})
+    return judge_solution(_KEY08, _EXERCISE, _SOURCES, _NAME, planted)
 
 
 def test_lab08_gemm_roofline_solution_passes_every_hidden_case():

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import pytest
 
-from assignment_support import KEYS, assert_fails_by_name, lab_sources, solution_functions
+from assignment_support import (KEYS, assert_fails_by_name, judge_solution, key_module, lab_sources,
+                                solution_functions)
 from clusterlab.analytic import costmodel
 from clusterlab.course import grading
 
@@ -23,17 +24,11 @@ _ZERO3 = "175B parameters, batch 1536, dp64 tp8 pp4 ZeRO-3, micro-batch 2"  # th
 
 
 def _judge(planted: tuple[str, str] | None = None) -> grading.Verdict:
-    function = solution_functions(_SOURCES, planted)["layout_model"]
-    return grading.judge(_KEY10, "lab10.3", function, {})
+    return judge_solution(_KEY10, "lab10.3", _SOURCES, "layout_model", planted)
 
 
 def _key_module():
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("lab10_key", KEYS / "lab10.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return key_module("lab10")
 
 
 def test_lab10_solution_passes_the_hidden_layouts():

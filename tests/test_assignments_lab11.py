@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import pytest
 
-from assignment_support import KEYS, assert_fails_by_name, lab_sources, solution_functions
+from assignment_support import (KEYS, assert_fails_by_name, judge_solution, lab_sources,
+                                solution_functions)
 from clusterlab.course import grading
 
 _LAB11 = lab_sources("11", ["lab11-decode-attention"])
@@ -23,8 +24,7 @@ _WRITE_K = "k_cache.at[:, :, t].set(k)"
 
 
 def _judge(planted: tuple[str, str] | None = None) -> grading.Verdict:
-    function = solution_functions(_LAB11, planted)["decode_attention"]
-    return grading.judge(_KEY11, "lab11.4", function, {})
+    return judge_solution(_KEY11, "lab11.4", _LAB11, "decode_attention", planted)
 
 
 def test_lab11_solution_passes_the_hidden_tests():

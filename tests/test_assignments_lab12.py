@@ -9,12 +9,12 @@ The function is exported and rebuilt in this process as a submission's kernel an
 
 from __future__ import annotations
 
-import importlib.util
 
 import numpy as np
 import pytest
 
-from assignment_support import KEYS, assert_fails_by_name, lab_sources, solution_functions
+from assignment_support import (KEYS, assert_fails_by_name, judge_solution, key_module, lab_sources,
+                                solution_functions)
 from clusterlab.course import grading
 
 _SOURCES = lab_sources("12", ["lab12-max-min"])
@@ -24,15 +24,11 @@ _SPRAYED = "flow set 4 (16 flows on 12 links, some sprayed): its rates"   # the 
 
 
 def _judge(planted: tuple[str, str] | None = None) -> grading.Verdict:
-    function = solution_functions(_SOURCES, planted)["max_min_rates"]
-    return grading.judge(_KEY12, "lab12.2", function, {})
+    return judge_solution(_KEY12, "lab12.2", _SOURCES, "max_min_rates", planted)
 
 
 def _key_module():
-    spec = importlib.util.spec_from_file_location("lab12_key", KEYS / "lab12.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return key_module("lab12")
 
 
 def test_lab12_solution_passes_the_hidden_flow_sets():
