@@ -8,7 +8,7 @@ import re
 import nbformat
 import pytest
 
-from clusterlab.course import student
+from clusterlab.course import grading, student
 from conftest import ROOT, run_python
 
 LABS = sorted((ROOT / "labs").glob("*.ipynb"))
@@ -80,11 +80,15 @@ def test_student_copies_of_every_lab(tmp_path):
         assert student.SOLUTION_START not in text and student.SOLUTION_END not in text
         assert all(c.outputs == [] and c.execution_count is None
                    for c in copy.cells if c.cell_type == "code")
-        # every exercise stays, and nothing but solutions is removed
+        # every exercise stays, as a numbered heading Jupyter shows (no raw book markup), and
+        # nothing but solutions is removed
         opened = sum(student.SOLUTION_START in c.source for c in original.cells
                      if c.cell_type == "markdown")
-        assert text.count("{exercise-start}") == "\n".join(
-            c.source for c in original.cells).count("{exercise-start}")
+        exercises = "\n".join(c.source for c in original.cells).count("{exercise-start}")
+        assert "{exercise-start}" not in text and "{exercise-end}" not in text
+        assert [int(n) for n in re.findall(r"^### Exercise (\d+)$", text, re.M)] == list(
+            range(1, exercises + 1))
+        assert grading.lab_of(lab.name, copy) == grading.lab_of("renamed.ipynb", copy)
         assert (len(copy.cells) < len(original.cells)) == (opened > 0)
 
 

@@ -80,6 +80,32 @@ def strip_solutions(notebook: nbformat.NotebookNode) -> nbformat.NotebookNode:
     return copy
 
 
+_EXERCISE_START = re.compile(r"```\{exercise-start\}[^\n]*\n((?::[\w-]+:[^\n]*\n)*)```")
+_EXERCISE_END = re.compile(r"\n*```\{exercise-end\}\n```\n*")
+
+
+def exercise_headings(notebook):
+    """The book's exercise markup as Jupyter shows it: ``### Exercise N`` headings, numbered
+    in the notebook, in place of the ``{exercise-start}`` / ``{exercise-end}`` fences (raw
+    text in Jupyter). Each label stays in an HTML comment, which Jupyter hides and the grader
+    still reads (:func:`clusterlab.course.grading.lab_of`)."""
+    number = 0
+
+    def heading(match: re.Match) -> str:
+        nonlocal number
+        number += 1
+        labels = re.findall(r":label:\s*([\w-]+)", match.group(1))
+        hidden = "".join(f"\n<!-- :label: {label} -->" for label in labels)
+        return f"### Exercise {number}{hidden}"
+
+    for cell in notebook.cells:
+        if cell.cell_type == "markdown":
+            text = _EXERCISE_START.sub(heading, cell.source)
+            cell.source = _EXERCISE_END.sub("\n\n", text).strip()
+    notebook.cells = [c for c in notebook.cells if c.cell_type != "markdown" or c.source]
+    return notebook
+
+
 def write_student_copies(labs_dir: str | Path, out_dir: str | Path, *,
                          replace: bool = False) -> list[Path]:
     """Write a student copy of every ``*.ipynb`` in ``labs_dir`` to ``out_dir``.
@@ -102,7 +128,7 @@ def write_student_copies(labs_dir: str | Path, out_dir: str | Path, *,
     written = []
     for lab in labs:
         try:
-            copy = strip_solutions(nbformat.read(lab, as_version=4))
+            copy = exercise_headings(strip_solutions(nbformat.read(lab, as_version=4)))
         except ValueError as error:
             raise ValueError(f"{lab.name}: {error}") from None
         for index, cell in enumerate(copy.cells):
