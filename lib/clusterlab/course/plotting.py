@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Sequence
+import itertools
+from typing import Callable, Sequence
 
 import matplotlib
 import matplotlib.pyplot as plt
@@ -731,18 +732,109 @@ def expert_slots(choices: np.ndarray, n_experts: int, capacity: int) -> np.ndarr
     return slots
 
 
+def _moe_slot(ax: Axes, x: float, y: float, token: int, source: int, gid: str,
+              colour) -> None:
+    """One slot of the expert diagram: token ``token`` of device ``source`` in its home
+    device's colour, or a dotted empty slot (``token < 0``, headroom)."""
+    if token < 0:
+        ax.add_patch(Rectangle((x + 0.05, y), 0.9, 0.9, fill=False, edgecolor="0.6",
+                               linestyle=":", gid=gid))
+        return
+    ax.add_patch(Rectangle((x + 0.05, y), 0.9, 0.9, facecolor=colour, edgecolor="white",
+                           gid=gid))
+    ax.text(x + 0.5, y + 0.45, f"{'abcdefgh'[source]}{token}", ha="center", va="center",
+            fontsize=9, color="white", fontweight="bold")
+
+
+def _moe_all_to_all_arrows(ax: Axes, x_src: float, x_dst: float, rows: dict[str, float], *,
+                           crosses: bool) -> None:
+    """The dispatch arrow (buffer to expert) and the combine arrow back, for one pair of
+    devices: solid where it crosses devices, dashed where it stays."""
+    style = {"arrowstyle": "-|>", "mutation_scale": 12, "color": "black" if crosses else "0.6",
+             "linewidth": 2.0 if crosses else 1.2, "linestyle": "-" if crosses else "--"}
+    ax.add_patch(FancyArrowPatch((x_src, rows["buffer"] - 0.5),
+                                 (x_dst, rows["experts"] + 1.5), **style))
+    ax.add_patch(FancyArrowPatch((x_dst, rows["experts"] - 0.2),
+                                 (x_src, rows["outputs"] + 1.05), **style))
+
+
+def _check_expert_choices(choices: np.ndarray, n_experts: int) -> None:
+    """Refuse choices the expert diagram cannot draw, naming what to give instead."""
+    if choices.ndim != 3:
+        raise ValueError(f"choices must be [devices, tokens, k], got shape {choices.shape}.")
+    p = choices.shape[0]
+    if p < 2 or n_experts % p:
+        raise ValueError(f"Expert parallelism needs at least 2 devices and a number of experts "
+                         f"that they divide, got {p} devices and {n_experts} experts.")
+    if choices.min() < 0 or choices.max() >= n_experts:
+        raise ValueError(f"choices must name experts 0 to {n_experts - 1}.")
+
+
+def _check_expert_width(p: int, n_experts: int, capacity: int, tokens: int) -> None:
+    """Refuse a diagram too wide to read: more slots across than EXPERT_DIAGRAM_MAX_SLOTS."""
+    width = n_experts * capacity
+    if p * width > EXPERT_DIAGRAM_MAX_SLOTS or tokens > width:
+        raise ValueError(f"{p} devices of {n_experts} x {capacity} slots are too many to draw "
+                         f"legibly (at most {EXPERT_DIAGRAM_MAX_SLOTS} slots across).")
+
+
+def _moe_expert_box(ax: Axes, x0: float, width: float, y: float, expert: int) -> None:
+    """The rounded box of one expert on its device, with its name above it."""
+    ax.add_patch(FancyBboxPatch((x0, y - 0.1), width, 1.1, boxstyle="round,pad=0.05",
+                                fill=False, edgecolor="0.2", linewidth=1.2))
+    ax.text(x0 + width / 2, y + 1.1, f"expert E{expert}", ha="center", va="bottom",
+            fontsize=9, fontweight="bold")
+
+
+def _moe_router_lines(ax: Axes, choices: np.ndarray, slots: np.ndarray,
+                      token_x: Callable[[int], float], expert_x: Callable[[int], float],
+                      rows: dict[str, float]) -> None:
+    """The router on one device: a line from each token to each of its k slots in that
+    device's dispatch buffer (none for an assignment that was dropped).
+
+    Args:
+        choices: i32[T, k] the experts of each token. slots: i32[E, C] the token in each slot.
+        token_x, expert_x: a token's centre and an expert's left edge, in the device's row.
+    """
+    for token, chosen in enumerate(choices):
+        for e in chosen:
+            where = np.flatnonzero(slots[e] == token)
+            if where.size:
+                ax.plot([token_x(token), expert_x(e) + where[0] + 0.5],
+                        [rows["tokens"] - 0.05, rows["buffer"] + 0.95], color="0.6",
+                        linewidth=0.8)
+
+
+def _moe_note(n_experts: int, per_device: int, capacity: int, dropped: int) -> str:
+    """The expert diagram's footnote: experts, slots and what was dropped."""
+    return (f"{n_experts} experts, {per_device} per device; C = {capacity} "
+            f"slot{'s' if capacity > 1 else ''} per expert per device"
+            + (f"; {dropped} assignments dropped" if dropped else "")
+            + "\nsolid arrow: crosses devices; dashed: stays")
+
+
+def _moe_row_labels(ax: Axes, rows: dict[str, float], k: int) -> None:
+    """The expert diagram's row names and its two all-to-alls, down the left edge."""
+    labels = {"tokens": "tokens", "buffer": f"top-{k}\nrouting", "experts": "experts\nrun",
+              "outputs": f"sum of {k}\noutputs"}
+    for key, text in labels.items():
+        ax.text(0.0, rows[key] + 0.45, text, ha="left", va="center", fontsize=9)
+    ax.text(0.0, (rows["buffer"] + rows["experts"] + 0.9) / 2, "dispatch\nall-to-all",
+            ha="left", va="center", fontsize=10, fontweight="bold")
+    ax.text(0.0, (rows["experts"] + rows["outputs"] + 0.7) / 2, "combine\nall-to-all",
+            ha="left", va="center", fontsize=10, fontweight="bold")
+
+
 def expert_routing_diagram(choices: np.ndarray | None = None, *, n_experts: int = 4,
                            capacity_factor: float = 1.0) -> plt.Figure:
     """A mixture-of-experts layer under expert parallelism, top to bottom.
 
-    Each device's tokens (``a0``, ``a1``, ... on device 0, ``b0`` ... on device 1) pick their
-    top-k experts; each device fills a dispatch buffer of ``C`` slots per expert
-    (:func:`clusterlab.analytic.moe.expert_capacity`, first come first served,
-    :func:`expert_slots`); the dispatch all-to-all sends each expert's slots to the device that
-    holds it (``E / p`` experts each); the experts run; the combine all-to-all sends the
-    outputs back, and each token sums its k outputs, weighted by the router. A token's colour is
-    its home device's; empty slots (headroom) are dotted. Slot boxes carry ``gid`` ``"buffer d
-    e c"`` (on device d) and ``"expert d e s c"`` (expert e on device d, from device s).
+    Device 0's tokens (``a0``, ``a1``, ...) and device 1's (``b0``, ...) pick their top-k
+    experts; each device fills ``C`` slots per expert (:func:`expert_slots`, first come first
+    served); the dispatch all-to-all sends each expert's slots to its device; the experts run;
+    the combine all-to-all brings the outputs back, each token summing its k, weighted. A
+    token's colour is its home device's; empty slots are dotted. Slot ``gid``s: ``"buffer d e
+    c"`` (on device d), ``"expert d e s c"`` (expert e on device d, from device s).
 
     Args:
         choices: i32[p, T, k], the experts chosen by each of device d's T tokens; None:
@@ -754,24 +846,15 @@ def expert_routing_diagram(choices: np.ndarray | None = None, *, n_experts: int 
         The figure.
     """
     choices = EXPERT_DIAGRAM_CHOICES if choices is None else np.asarray(choices)
-    if choices.ndim != 3:
-        raise ValueError(f"choices must be [devices, tokens, k], got shape {choices.shape}.")
-    p, tokens, k = choices.shape
     n_experts = _checks.count("n_experts", n_experts)
-    if p < 2 or n_experts % p:
-        raise ValueError(f"Expert parallelism needs at least 2 devices and a number of experts "
-                         f"that they divide, got {p} devices and {n_experts} experts.")
-    if choices.min() < 0 or choices.max() >= n_experts:
-        raise ValueError(f"choices must name experts 0 to {n_experts - 1}.")
+    _check_expert_choices(choices, n_experts)
+    p, tokens, k = choices.shape
     capacity = moe.expert_capacity(tokens, n_experts=n_experts, top_k=k,
                                    capacity_factor=capacity_factor)
     width = n_experts * capacity  # slots per device in a buffer row and in the experts row
-    if p * width > EXPERT_DIAGRAM_MAX_SLOTS or tokens > width:
-        raise ValueError(f"{p} devices of {n_experts} x {capacity} slots are too many to draw "
-                         f"legibly (at most {EXPERT_DIAGRAM_MAX_SLOTS} slots across).")
+    _check_expert_width(p, n_experts, capacity, tokens)
     slots = expert_slots(choices, n_experts, capacity)
     per_device = n_experts // p
-    letters = "abcdefgh"
     home = [_colour(d) for d in range(p)]
     gap, expert_gap = 1.6, 0.25
     col_w = width + expert_gap * (n_experts - 1)
@@ -781,26 +864,16 @@ def expert_routing_diagram(choices: np.ndarray | None = None, *, n_experts: int 
     fig, ax = plt.subplots(figsize=(6.4, 6.4 * (ylim[1] - ylim[0]) / (xlim[1] - xlim[0])))
 
     def slot(x, y, token, source, gid):
-        if token < 0:
-            ax.add_patch(Rectangle((x + 0.05, y), 0.9, 0.9, fill=False, edgecolor="0.6",
-                                   linestyle=":", gid=gid))
-            return
-        ax.add_patch(Rectangle((x + 0.05, y), 0.9, 0.9, facecolor=home[source],
-                               edgecolor="white", gid=gid))
-        ax.text(x + 0.5, y + 0.45, f"{letters[source]}{token}", ha="center", va="center",
-                fontsize=9, color="white", fontweight="bold")
-
-    def token_row(y, label):
-        for d in range(p):
-            step = col_w / tokens
-            for token in range(tokens):
-                slot(x_dev[d] + (token + 0.5) * step - 0.5, y, token, d, f"{label} {d} {token}")
+        _moe_slot(ax, x, y, token, source, gid, home[source])
 
     def expert_x(d, e):  # left edge of expert e's group in device d's row
         return x_dev[d] + e * (capacity + expert_gap)
 
-    token_row(rows["tokens"], "token")
-    token_row(rows["outputs"], "output")
+    for label in ("token", "output"):  # each device's tokens, in and out, in its colour
+        for d in range(p):
+            for token in range(tokens):
+                slot(x_dev[d] + (token + 0.5) * col_w / tokens - 0.5, rows[f"{label}s"], token,
+                     d, f"{label} {d} {token}")
     for d in range(p):
         ax.text(x_dev[d] + col_w / 2, rows["tokens"] + 1.15, f"device {d}", ha="center",
                 va="bottom", fontsize=10, fontweight="bold", color=home[d])
@@ -810,52 +883,24 @@ def expert_routing_diagram(choices: np.ndarray | None = None, *, n_experts: int 
                      f"buffer {d} {e} {c}")
             ax.text(expert_x(d, e) + capacity / 2, rows["buffer"] - 0.05, f"E{e}",
                     ha="center", va="top", fontsize=9)
+        _moe_router_lines(ax, choices[d], slots[d],
+                          lambda token, d=d: x_dev[d] + (token + 0.5) * col_w / tokens,
+                          lambda e, d=d: expert_x(d, e), rows)
         for j, e in enumerate(range(d * per_device, (d + 1) * per_device)):
             x0 = x_dev[d] + j * (p * capacity + expert_gap)
-            ax.add_patch(FancyBboxPatch((x0, rows["experts"] - 0.1), p * capacity, 1.1,
-                                        boxstyle="round,pad=0.05", fill=False,
-                                        edgecolor="0.2", linewidth=1.2))
-            ax.text(x0 + p * capacity / 2, rows["experts"] + 1.1, f"expert E{e}", ha="center",
-                    va="bottom", fontsize=9, fontweight="bold")
+            _moe_expert_box(ax, x0, p * capacity, rows["experts"], e)
             for s in range(p):
                 for c in range(capacity):
                     slot(x0 + s * capacity + c, rows["experts"], int(slots[s, e, c]), s,
                          f"expert {d} {e} {s} {c}")
-        # router: each token to its k slots in its own device's buffer
-        for token in range(tokens):
-            tx = x_dev[d] + (token + 0.5) * col_w / tokens
-            for e in choices[d, token]:
-                where = np.flatnonzero(slots[d, e] == token)
-                if where.size:
-                    ax.plot([tx, expert_x(d, e) + where[0] + 0.5],
-                            [rows["tokens"] - 0.05, rows["buffer"] + 0.95], color="0.6",
-                            linewidth=0.8)
-    for s in range(p):  # the two all-to-alls: a block per (source, destination) pair
-        for d in range(p):
-            x_src = (expert_x(s, d * per_device) + expert_x(s, (d + 1) * per_device - 1)
-                     + capacity) / 2
-            x_dst = x_dev[d] + col_w / 2 + (s - (p - 1) / 2) * 1.2
-            style = {"arrowstyle": "-|>", "mutation_scale": 12,
-                     "color": "black" if s != d else "0.6",
-                     "linewidth": 2.0 if s != d else 1.2,
-                     "linestyle": "-" if s != d else "--"}
-            ax.add_patch(FancyArrowPatch((x_src, rows["buffer"] - 0.5),
-                                         (x_dst, rows["experts"] + 1.5), **style))
-            ax.add_patch(FancyArrowPatch((x_dst, rows["experts"] - 0.2),
-                                         (x_src, rows["outputs"] + 1.05), **style))
-    labels = {"tokens": "tokens", "buffer": f"top-{k}\nrouting", "experts": "experts\nrun",
-              "outputs": f"sum of {k}\noutputs"}
-    for key, text in labels.items():
-        ax.text(0.0, rows[key] + 0.45, text, ha="left", va="center", fontsize=9)
-    ax.text(0.0, (rows["buffer"] + rows["experts"] + 0.9) / 2, "dispatch\nall-to-all",
-            ha="left", va="center", fontsize=10, fontweight="bold")
-    ax.text(0.0, (rows["experts"] + rows["outputs"] + 0.7) / 2, "combine\nall-to-all",
-            ha="left", va="center", fontsize=10, fontweight="bold")
+    for s, d in itertools.product(range(p), repeat=2):  # all-to-alls: a block per pair
+        x_src = (expert_x(s, d * per_device) + expert_x(s, (d + 1) * per_device - 1)
+                 + capacity) / 2
+        _moe_all_to_all_arrows(ax, x_src, x_dev[d] + col_w / 2 + (s - (p - 1) / 2) * 1.2,
+                               rows, crosses=s != d)
+    _moe_row_labels(ax, rows, k)
     dropped = moe.predicted_dropped(choices, capacity, n_experts)
-    note = (f"{n_experts} experts, {per_device} per device; C = {capacity} "
-            f"slot{'s' if capacity > 1 else ''} per expert per device"
-            + (f"; {dropped} assignments dropped" if dropped else ""))
-    ax.text(0.0, -0.2, note + "\nsolid arrow: crosses devices; dashed: stays", ha="left",
+    ax.text(0.0, -0.2, _moe_note(n_experts, per_device, capacity, dropped), ha="left",
             va="top", fontsize=9, color="0.3")
     _diagram_axes(ax, xlim, ylim)
     fig.subplots_adjust(left=0.01, right=0.99, top=0.99, bottom=0.01)
@@ -864,6 +909,74 @@ def expert_routing_diagram(choices: np.ndarray | None = None, *, n_experts: int 
 
 FOUR_LAYERS_COLOURS = {"gpu": "#76b900", "server": "#eeeeee", "nvlink": "#1f77b4",
                        "fabric": "#ff7f0e", "storage": "#9467bd", "software": "#d9d9d9"}
+
+
+def _draw_servers(ax: Axes, xs: Sequence[float], server_w: float, gpus_per_server: int) -> None:
+    """Layer 1, servers with their GPUs and NICs; layer 2, the NVSwitch inside each."""
+    colors = FOUR_LAYERS_COLOURS
+    slot = (server_w - 0.3) / gpus_per_server
+    for x in xs:
+        ax.add_patch(FancyBboxPatch((x, 1.2), server_w, 1.6, boxstyle="round,pad=0.02",
+                                    facecolor=colors["server"], edgecolor="black", lw=1,
+                                    gid="server"))
+        ax.add_patch(Rectangle((x + 0.15, 1.95), server_w - 0.3, 0.16, facecolor=colors["nvlink"],
+                               edgecolor="none"))
+        for g in range(gpus_per_server):
+            gx = x + 0.15 + g * slot
+            ax.add_patch(Rectangle((gx + 0.025, 1.35), slot - 0.05, 0.42,
+                                   facecolor=colors["gpu"], edgecolor="black", lw=0.5, gid="gpu"))
+            ax.plot([gx + slot / 2] * 2, [1.77, 1.95], color=colors["nvlink"], lw=1)
+        ax.add_patch(Rectangle((x + 0.15, 2.28), server_w - 0.3, 0.38, facecolor="white",
+                               edgecolor="black", lw=0.5))
+        ax.text(x + server_w / 2, 2.47, "NICs", ha="center", va="center", fontsize=9)
+
+
+def _draw_leaf_spine(ax: Axes, xs: Sequence[float], server_w: float,
+                     right: float) -> list[float]:
+    """Layer 3: two leaf and two spine switches above the servers; the leaves' centres."""
+    colors = FOUR_LAYERS_COLOURS
+    leaves = [right * f for f in (0.25, 0.75)]
+    spines = [right * f for f in (0.4, 0.6)]
+    for i, x in enumerate(xs):
+        leaf = leaves[0] if i < len(xs) // 2 else leaves[1]
+        ax.plot([x + server_w / 2, leaf], [2.66, 3.45], color=colors["fabric"], lw=2)
+    for leaf in leaves:
+        for spine in spines:
+            ax.plot([leaf, spine], [3.85, 4.45], color=colors["fabric"], lw=2)
+    for names, centres, y in (("leaf", leaves, 3.45), ("spine", spines, 4.45)):
+        for cx in centres:
+            ax.add_patch(Rectangle((cx - 0.75, y), 1.5, 0.4, facecolor=colors["fabric"],
+                                   edgecolor="black", lw=0.8))
+            ax.text(cx, y + 0.2, names, ha="center", va="center", fontsize=9)
+    return leaves
+
+
+def _draw_storage_and_software(ax: Axes, xs: Sequence[float], sx: float) -> None:
+    """Layer 4, shared storage on a network of its own (not the compute fabric), and the
+    software stack below everything."""
+    colors = FOUR_LAYERS_COLOURS
+    ax.add_patch(FancyBboxPatch((sx, 1.2), 1.9, 1.6, boxstyle="round,pad=0.02",
+                                facecolor=colors["storage"], edgecolor="black", lw=1))
+    ax.text(sx + 0.95, 2.0, "shared\nstorage", ha="center", va="center", fontsize=10,
+            color="white", fontweight="bold")
+    ax.plot([xs[0] + 0.3, sx + 0.3], [1.0, 1.0], color=colors["storage"], lw=2)
+    for x in [*xs, sx]:
+        ax.plot([x + 0.3, x + 0.3], [1.0, 1.2], color=colors["storage"], lw=2)
+    ax.text(sx + 0.95, 0.93, "storage network", ha="center", va="top", fontsize=9,
+            color=colors["storage"])
+    ax.add_patch(Rectangle((xs[0], 0.0), sx + 1.9 - xs[0], 0.5, facecolor=colors["software"],
+                           edgecolor="black", lw=0.8))
+    ax.text((xs[0] + sx + 1.9) / 2, 0.25,
+            "software: scheduler, JAX / PyTorch, NCCL, monitoring",
+            ha="center", va="center", fontsize=9)
+
+
+def _layer_marker(ax: Axes, x: float, y: float, number: int) -> None:
+    """A numbered black disc (``gid = "layer N"``) tying a part of the drawing to the legend."""
+    ax.add_patch(plt.Circle((x, y), 0.2, facecolor="black", edgecolor="none", zorder=5,
+                            gid=f"layer {number}"))
+    ax.text(x, y, str(number), color="white", ha="center", va="center", fontsize=9,
+            fontweight="bold", zorder=6)
 
 
 def four_layers_diagram(n_servers: int = 4, gpus_per_server: int = 8) -> plt.Figure:
@@ -886,7 +999,6 @@ def four_layers_diagram(n_servers: int = 4, gpus_per_server: int = 8) -> plt.Fig
     if n_servers > 6 or gpus_per_server > 8:
         raise ValueError(f"four_layers_diagram draws 2 to 6 servers of 1 to 8 GPUs, got "
                          f"{n_servers} servers of {gpus_per_server}.")
-    colors = FOUR_LAYERS_COLOURS
     server_w, gap = 2.2, 0.3
     xs = [i * (server_w + gap) for i in range(n_servers)]
     right = xs[-1] + server_w
@@ -894,67 +1006,18 @@ def four_layers_diagram(n_servers: int = 4, gpus_per_server: int = 8) -> plt.Fig
     xlim, ylim = (-0.55, sx + 2.15), (-0.1, 4.95)
     fig, ax = plt.subplots(figsize=(DIAGRAM_MAX_WIDTH_IN, DIAGRAM_MAX_WIDTH_IN
                                     * (ylim[1] - ylim[0]) / (xlim[1] - xlim[0])))
-    slot = (server_w - 0.3) / gpus_per_server
-    for x in xs:  # layer 1: servers with GPUs; layer 2: NVSwitch inside each server
-        ax.add_patch(FancyBboxPatch((x, 1.2), server_w, 1.6, boxstyle="round,pad=0.02",
-                                    facecolor=colors["server"], edgecolor="black", lw=1,
-                                    gid="server"))
-        ax.add_patch(Rectangle((x + 0.15, 1.95), server_w - 0.3, 0.16, facecolor=colors["nvlink"],
-                               edgecolor="none"))
-        for g in range(gpus_per_server):
-            gx = x + 0.15 + g * slot
-            ax.add_patch(Rectangle((gx + 0.025, 1.35), slot - 0.05, 0.42,
-                                   facecolor=colors["gpu"], edgecolor="black", lw=0.5, gid="gpu"))
-            ax.plot([gx + slot / 2] * 2, [1.77, 1.95], color=colors["nvlink"], lw=1)
-        ax.add_patch(Rectangle((x + 0.15, 2.28), server_w - 0.3, 0.38, facecolor="white",
-                               edgecolor="black", lw=0.5))
-        ax.text(x + server_w / 2, 2.47, "NICs", ha="center", va="center", fontsize=9)
-    # layer 3: leaf and spine switches
-    leaves = [right * f for f in (0.25, 0.75)]
-    spines = [right * f for f in (0.4, 0.6)]
-    for i, x in enumerate(xs):
-        leaf = leaves[0] if i < n_servers // 2 else leaves[1]
-        ax.plot([x + server_w / 2, leaf], [2.66, 3.45], color=colors["fabric"], lw=2)
-    for leaf in leaves:
-        for spine in spines:
-            ax.plot([leaf, spine], [3.85, 4.45], color=colors["fabric"], lw=2)
-    for names, centres, y in (("leaf", leaves, 3.45), ("spine", spines, 4.45)):
-        for cx in centres:
-            ax.add_patch(Rectangle((cx - 0.75, y), 1.5, 0.4, facecolor=colors["fabric"],
-                                   edgecolor="black", lw=0.8))
-            ax.text(cx, y + 0.2, names, ha="center", va="center", fontsize=9)
-    # layer 4: shared storage on a network of its own, not the compute fabric
-    ax.add_patch(FancyBboxPatch((sx, 1.2), 1.9, 1.6, boxstyle="round,pad=0.02",
-                                facecolor=colors["storage"], edgecolor="black", lw=1))
-    ax.text(sx + 0.95, 2.0, "shared\nstorage", ha="center", va="center", fontsize=10,
-            color="white", fontweight="bold")
-    ax.plot([xs[0] + 0.3, sx + 0.3], [1.0, 1.0], color=colors["storage"], lw=2)
-    for x in [*xs, sx]:
-        ax.plot([x + 0.3, x + 0.3], [1.0, 1.2], color=colors["storage"], lw=2)
-    ax.text(sx + 0.95, 0.93, "storage network", ha="center", va="top", fontsize=9,
-            color=colors["storage"])
-    # the software stack and the scheduler
-    ax.add_patch(Rectangle((xs[0], 0.0), sx + 1.9 - xs[0], 0.5, facecolor=colors["software"],
-                           edgecolor="black", lw=0.8))
-    ax.text((xs[0] + sx + 1.9) / 2, 0.25,
-            "software: scheduler, JAX / PyTorch, NCCL, monitoring",
-            ha="center", va="center", fontsize=9)
-
-    def marker(x, y, number):
-        ax.add_patch(plt.Circle((x, y), 0.2, facecolor="black", edgecolor="none", zorder=5,
-                                gid=f"layer {number}"))
-        ax.text(x, y, str(number), color="white", ha="center", va="center", fontsize=9,
-                fontweight="bold", zorder=6)
-
-    marker(xs[0] - 0.25, 1.56, 1)
-    marker(xs[0] - 0.25, 2.03, 2)
-    marker(leaves[0] - 1.0, 3.65, 3)
-    marker(sx + 1.9, 2.8, 4)
+    _draw_servers(ax, xs, server_w, gpus_per_server)
+    leaves = _draw_leaf_spine(ax, xs, server_w, right)
+    _draw_storage_and_software(ax, xs, sx)
+    _layer_marker(ax, xs[0] - 0.25, 1.56, 1)
+    _layer_marker(ax, xs[0] - 0.25, 2.03, 2)
+    _layer_marker(ax, leaves[0] - 1.0, 3.65, 3)
+    _layer_marker(ax, sx + 1.9, 2.8, 4)
     legend = [f"GPU servers ({gpus_per_server} GPUs)", "node interconnect: NVLink",
               "fabric: InfiniBand / RoCE", "shared storage"]
     for i, text in enumerate(legend):
         y = 4.65 - 0.42 * i
-        marker(leaves[1] + 1.3, y, i + 1)
+        _layer_marker(ax, leaves[1] + 1.3, y, i + 1)
         ax.text(leaves[1] + 1.58, y, text, ha="left", va="center", fontsize=9)
     _diagram_axes(ax, xlim, ylim)
     fig.subplots_adjust(left=0.0, right=1.0, top=1.0, bottom=0.0)
