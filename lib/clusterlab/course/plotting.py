@@ -433,6 +433,11 @@ RING_MAX_DEVICES = 8
 RING_MAX_PANELS_PER_PHASE = 3
 
 
+def _grey_arrow(ax: Axes, start: tuple[float, float], end: tuple[float, float]) -> None:
+    """A plain grey arrow from ``start`` to ``end`` (data flow in a diagram)."""
+    ax.annotate("", xy=end, xytext=start, arrowprops={"arrowstyle": "-|>", "color": "0.4"})
+
+
 def _diagram_axes(ax: Axes, xlim: tuple[float, float], ylim: tuple[float, float]) -> None:
     ax.set_xlim(*xlim)
     ax.set_ylim(*ylim)
@@ -562,8 +567,7 @@ def tensor_parallel_diagram(t: int = 2) -> plt.Figure:
                                     facecolor=colour, alpha=0.08, edgecolor="none"))
         ax.text(1.92, y + 0.55, f"GPU {i}", ha="left", va="top", fontsize=9, color=colour,
                 fontweight="bold")
-        ax.annotate("", xy=(2.0, y), xytext=(1.55, mid),
-                    arrowprops={"arrowstyle": "-|>", "color": "0.4"})
+        _grey_arrow(ax, (1.55, mid), (2.0, y))
         # A: the whole matrix outlined, GPU i's column block shaded
         ax.add_patch(Rectangle((2.05, y - a_h / 2), a_w, a_h, fill=False, edgecolor="0.6"))
         ax.add_patch(Rectangle((2.05 + i * a_w / t, y - a_h / 2), a_w / t, a_h,
@@ -571,23 +575,19 @@ def tensor_parallel_diagram(t: int = 2) -> plt.Figure:
                                gid=f"A column {i}"))
         ax.text(2.05 + a_w / 2, y - a_h / 2 - 0.04, f"$A_{i}$", ha="center", va="top",
                 fontsize=10)
-        ax.annotate("", xy=(3.55, y), xytext=(3.1, y),
-                    arrowprops={"arrowstyle": "-|>", "color": "0.4"})
+        _grey_arrow(ax, (3.1, y), (3.55, y))
         ax.text(4.55, y, f"$Y_{i}$ = GeLU($XA_{i}$)", ha="center", va="center", fontsize=10,
                 bbox={**box, "edgecolor": colour})
-        ax.annotate("", xy=(6.1, y), xytext=(5.6, y),
-                    arrowprops={"arrowstyle": "-|>", "color": "0.4"})
+        _grey_arrow(ax, (5.6, y), (6.1, y))
         # B: the whole matrix outlined, GPU i's row block shaded
         ax.add_patch(Rectangle((6.15, y - b_h / 2), b_w, b_h, fill=False, edgecolor="0.6"))
         ax.add_patch(Rectangle((6.15, y + b_h / 2 - (i + 1) * b_h / t), b_w, b_h / t,
                                facecolor=colour, alpha=0.8, edgecolor="0.2", gid=f"B row {i}"))
         ax.text(6.15 + b_w + 0.08, y + 0.3, f"$B_{i}$", ha="left", va="center", fontsize=10)
-        ax.annotate("", xy=(7.55, y), xytext=(6.75, y),
-                    arrowprops={"arrowstyle": "-|>", "color": "0.4"})
+        _grey_arrow(ax, (6.75, y), (7.55, y))
         ax.text(8.6, y, f"$Z_{i} = Y_{i} B_{i}$", ha="center", va="center", fontsize=10,
                 bbox={**box, "edgecolor": colour})
-        ax.annotate("", xy=(10.1, mid), xytext=(9.55, y),
-                    arrowprops={"arrowstyle": "-|>", "color": "0.4"})
+        _grey_arrow(ax, (9.55, y), (10.1, mid))
     ax.text(2.55, height + 0.05, "A: by columns", ha="center", va="bottom", fontsize=9)
     ax.text(6.4, height + 0.05, "B: by rows", ha="center", va="bottom", fontsize=9)
     ax.text(8.6, height + 0.05, "partial sums", ha="center", va="bottom", fontsize=9)
