@@ -123,6 +123,44 @@ def test_the_device_report_and_versions_are_read():
                                  expect.cluster_from_options("A100", 2, 8))
 
 
+def _last_rank_line(rank: int, host: str, gpu: str) -> str:
+    """One ``# Rank`` line as nccl-tests v2.17 prints it: what a log trimmed to the last one
+    keeps."""
+    return (f"#  Rank {rank:2d} Group  0 Pid {4000 + rank:6d} on {host} device {rank % 8:2d} "
+            f"[0000:c1:00] {gpu}\n")
+
+
+def test_a_log_trimmed_to_its_last_rank_line_is_judged(capsys, tmp_path):
+    # The published 3-node H100 log (24 ranks) with the last of its 24 '# Rank' lines kept,
+    # as a trimmed log keeps it.
+    log = tmp_path / "trimmed.log"
+    log.write_text(_last_rank_line(23, "gpu-node-3", "NVIDIA H100 80GB HBM3")
+                   + UNHEALTHY.read_text())
+    measurement = expect.read_measurement(log.read_text())
+    assert (measurement.ranks, measurement.hosts, measurement.report_complete) == (24, 1, False)
+    rows = _json(capsys, "expect", "all_reduce", "--gpu", "H100", "--nodes", "3",
+                 "--measured", str(log))
+    assert rows[-1]["status"] == "low"              # judged, as the complete log is
+    assert cli.main(["expect", "all_reduce", "--gpu", "H100", "--nodes", "3", "--measured",
+                     str(log)]) == 0
+    assert "device report was trimmed: it lists ranks up to 23" in capsys.readouterr().out
+
+
+def test_a_trimmed_rank_report_refuses_only_what_it_rules_out(tmp_path):
+    text = _last_rank_line(23, "gpu-node-3", "NVIDIA H100 80GB HBM3") + UNHEALTHY.read_text()
+    measurement = expect.read_measurement(text)
+    for nodes, gpus_per_node in ((3, 8), (4, 8), (6, 4)):   # 24 ranks or more: possible
+        expect.check_measurement(measurement, "all_reduce",
+                                 expect.cluster_from_options("H100", nodes, gpus_per_node))
+    with pytest.raises(ValueError, match="at least 24 ranks, more than 2 x 8; its '# Rank' "
+                                         "lines were trimmed.*give the run's own --nodes"):
+        expect.check_measurement(measurement, "all_reduce",
+                                 expect.cluster_from_options("H100", 2, 8))
+    with pytest.raises(ValueError, match="give --gpu H100, not A100"):
+        expect.check_measurement(measurement, "all_reduce",
+                                 expect.cluster_from_options("A100", 3, 8))
+
+
 # --- Expected busbw ------------------------------------------------------------------------------
 
 def test_expected_rows_follow_cluster_collective(capsys):

@@ -61,9 +61,12 @@ class Measurement:
             median where a size appears several times, as with ``-N`` repeats).
         op: the collective its binary name says (``"all_to_all"`` for ``alltoall_perf``), or
             None when the output names no binary (a trimmed table).
-        ranks: ranks listed in its device report (``#  Rank  0 Group 0 Pid ... on HOST device
-            ...``), or None when it lists none.
-        hosts: distinct host names among them (None without a device report).
+        ranks: ranks of its device report (``#  Rank  0 Group 0 Pid ... on HOST device
+            ...``), or None when it lists none. nccl-tests lists ranks 0 to n-1; where the
+            report lists only some of them (a trimmed log that keeps the last ``# Rank`` line)
+            this is the highest rank listed + 1, a lower bound (``report_complete`` False).
+        hosts: distinct host names among the listed ranks (None without a device report); a
+            lower bound where the report is not complete.
         devices: the distinct device names reported (e.g. ``"NVIDIA H100 80GB HBM3"``).
         nccl_version: the NCCL library version it ran (``"2.27.3"``), or None.
         format: ``"text"`` or ``"json"``.
@@ -76,6 +79,7 @@ class Measurement:
     devices: tuple[str, ...] = ()
     nccl_version: str | None = None
     format: str = "text"
+    report_complete: bool = True
 
 
 def parse_nccl_tests(text: str) -> list[tuple[int, float]]:
@@ -196,7 +200,7 @@ def read_measurement(text: str, *, name: str = "the log") -> Measurement:
                     for m in [_BINARY.search(arg)] if m}
         config = document.get("config") if isinstance(document.get("config"), dict) else {}
         devices = [d for d in config.get("devices") or [] if isinstance(d, dict)]
-        ranks = {d.get("rank") for d in devices} if devices else None
+        ranks = {d["rank"] for d in devices if isinstance(d.get("rank"), int)} or None
         hosts = {d.get("hostname") for d in devices} if devices else None
         names = tuple(sorted({str(d.get("device_info", "")).strip() for d in devices} - {""}))
         code = document.get("nccl_version")
@@ -238,8 +242,12 @@ def read_measurement(text: str, *, name: str = "the log") -> Measurement:
     rows = tuple((size, float(statistics.median(values)))
                  for size, values in sorted(by_size.items()))
     op = _OP_OF_BINARY[f"{binaries.pop()}_perf"] if binaries else None
-    return Measurement(rows, op, None if ranks is None else len(ranks),
-                       None if hosts is None else len(hosts), names, version, kind)
+    # nccl-tests lists every rank, 0 to n-1; a report missing some (a trimmed log) still says
+    # that at least highest + 1 ranks ran.
+    complete = ranks is None or ranks == set(range(len(ranks)))
+    rank_count = None if ranks is None else max(ranks) + 1
+    return Measurement(rows, op, rank_count, None if hosts is None else len(hosts), names,
+                       version, kind, complete)
 
 
 def check_measurement(measurement: Measurement, op: str, cluster: hardware.ClusterSpec, *,
@@ -262,13 +270,15 @@ def check_measurement(measurement: Measurement, op: str, cluster: hardware.Clust
     if measurement.op is not None and measurement.op != op:
         raise ValueError(f"{name} is an {PERF_BINARIES[measurement.op]} output; judge it with "
                          f"'expect {measurement.op}', not '{op}'.")
-    if measurement.ranks is not None and measurement.ranks != nodes * gpus_per_node:
+    if not measurement.report_complete:
+        _check_partial_report(measurement, cluster, name)
+    elif measurement.ranks is not None and measurement.ranks != nodes * gpus_per_node:
         hosts = measurement.hosts or 1
         hint = (f"--nodes {hosts} --gpus-per-node {measurement.ranks // hosts}"
                 if measurement.ranks % hosts == 0 else "--nodes and --gpus-per-node")
         raise ValueError(f"{name} ran on {measurement.ranks} ranks on {hosts} host(s), not "
                          f"{nodes} x {gpus_per_node}; give {hint}.")
-    if measurement.hosts is not None and measurement.hosts != nodes and nodes > 1:
+    elif measurement.hosts is not None and measurement.hosts != nodes and nodes > 1:
         raise ValueError(f"{name} ran on {measurement.hosts} host(s), not {nodes}; give "
                          f"--nodes {measurement.hosts}.")
     logged = {known for device in measurement.devices for known in hardware.GPUS
@@ -276,6 +286,22 @@ def check_measurement(measurement: Measurement, op: str, cluster: hardware.Clust
     if logged and gpu not in logged:
         raise ValueError(f"{name} ran on {', '.join(measurement.devices)}; give --gpu "
                          f"{sorted(logged)[0]}, not {gpu}.")
+
+
+def _check_partial_report(measurement: Measurement, cluster: hardware.ClusterSpec,
+                          name: str) -> None:
+    """A device report with some ``# Rank`` lines cut gives lower bounds only: the highest rank
+    listed + 1, and the hosts named."""
+    nodes, gpus_per_node = cluster.n_nodes, cluster.gpus_per_node
+    trimmed = ("its '# Rank' lines were trimmed, so it cannot say how many ranks ran: give the "
+               "run's own --nodes and --gpus-per-node")
+    if measurement.ranks is not None and measurement.ranks > nodes * gpus_per_node:
+        raise ValueError(f"{name} lists rank {measurement.ranks - 1}, so it ran on at least "
+                         f"{measurement.ranks} ranks, more than {nodes} x {gpus_per_node}; "
+                         f"{trimmed}.")
+    if measurement.hosts is not None and measurement.hosts > nodes:
+        raise ValueError(f"{name} names {measurement.hosts} hosts, more than {nodes} node(s); "
+                         f"{trimmed}.")
 
 
 def low_causes(op: str, nbytes: int, *, nodes: int, fabric: str, algorithm: str) -> str:
@@ -486,8 +512,8 @@ def report(rows: list[dict], op: str, cluster: hardware.ClusterSpec, *,
     The JSON document (``expect --json``) holds ``nccl_release`` (the NCCL release whose tuning
     model priced the rows), ``configuration`` (op, gpu, nodes, gpus_per_node, nic,
     nics_per_node, algorithm), ``regimes`` (:func:`regimes`), ``measured`` (None, or the run's
-    ``format``, ``op``, ``nccl_version``, ``ranks``, ``hosts`` and ``devices`` as
-    :class:`Measurement` reads them) and ``rows`` (:func:`verdicts`).
+    ``format``, ``op``, ``nccl_version``, ``ranks``, ``hosts``, ``report_complete`` and
+    ``devices`` as :class:`Measurement` reads them) and ``rows`` (:func:`verdicts`).
     """
     found = regimes(rows)
     nodes, gpus_per_node, gpu = cluster.n_nodes, cluster.gpus_per_node, cluster.gpu.name
@@ -495,7 +521,8 @@ def report(rows: list[dict], op: str, cluster: hardware.ClusterSpec, *,
         measured = None if measurement is None else {
             "format": measurement.format, "op": measurement.op,
             "nccl_version": measurement.nccl_version, "ranks": measurement.ranks,
-            "hosts": measurement.hosts, "devices": list(measurement.devices)}
+            "hosts": measurement.hosts, "report_complete": measurement.report_complete,
+            "devices": list(measurement.devices)}
         return json.dumps({"nccl_release": costmodel.NCCL_RELEASE,
                            "configuration": {"op": op, "gpu": gpu, "nodes": nodes,
                                              "gpus_per_node": gpus_per_node, "nic": cluster.nic,
@@ -510,6 +537,10 @@ def report(rows: list[dict], op: str, cluster: hardware.ClusterSpec, *,
              "busbw in GB/s"]
     if measurement is not None and measurement.nccl_version:
         lines.append(f"# measured with NCCL {measurement.nccl_version}")
+    if measurement is not None and not measurement.report_complete:
+        lines.append(f"# its device report was trimmed: it lists ranks up to "
+                     f"{measurement.ranks - 1}; the run's size is taken from --nodes and "
+                     "--gpus-per-node")
     lines.append("# band per regime (model error over published nccl-tests rows):")
     lines += [f"#   {band_text(info)}" for info in found]
     lines.append(format_table(rows))
