@@ -373,8 +373,8 @@ UNVALIDATED = [
      dict(n_nodes=1, intra_node_link="PCIe4x16", fabric="PCIe")),
     ("all_to_all", 2, ["--nic", "Ethernet-100G", "--nics-per-node", "1", "--fabric", "Ethernet"],
      dict(n_nodes=2, nic="Ethernet-100G", nics_per_node=1, fabric="Ethernet")),
-    ("reduce_scatter", 4, ["--nic", "Ethernet-400G", "--fabric", "EFA"],
-     dict(n_nodes=4, nic="Ethernet-400G", fabric="EFA")),
+    ("reduce_scatter", 4, ["--sharp"], dict(n_nodes=4, nic="IB-NDR", sharp=True,
+                                            fabric="InfiniBand")),
 ]
 
 
@@ -426,6 +426,72 @@ def test_json_document_keys(capsys):
     assert {r["regime"] for r in document["regimes"]} == {r["regime"] for r in document["rows"]}
 
 
+# --- SHARP and transports the model does not price -----------------------------------------------
+
+def test_sharp_runs_collnet_and_nvls_across_nodes_in_their_own_unvalidated_regime(capsys):
+    # NCCL 2.30.7 runs NVLS across nodes only with CollNet (tuning.cc:503-505); with --sharp on
+    # 4 nodes of 8 H100 it picks it at 4 GiB. No published SHARP rows: every row says so.
+    auto = _json(capsys, "expect", "all_reduce", "--gpu", "H100", "--nodes", "4", "--sharp",
+                 "--sizes", "4G")[0]
+    chain = _json(capsys, "expect", "all_reduce", "--gpu", "H100", "--nodes", "4", "--sharp",
+                  "--algorithm", "collnet_chain", "--sizes", "4G")[0]
+    plain = _json(capsys, "expect", "all_reduce", "--gpu", "H100", "--nodes", "4",
+                  "--sizes", "4G")[0]
+    assert auto["algorithm"] == "nvls/Simple" and chain["algorithm"] == "collnet_chain/Simple"
+    for row in (auto, chain):
+        assert row["regime"] == ">2 nodes, InfiniBand + SHARP, all_reduce, >= 1 GiB"
+        assert not row["validated"] and row["regime_rows"] == 0
+        # The switches reduce: algbw is bound by a node's NICs, so busbw may pass their line
+        # rate, up to 2(n-1)/n of it (8 x 400 Gb/s = 400 GB/s per node here).
+        assert row["high_gbps"] == pytest.approx(2 * 31 / 32 * 400, abs=0.01)
+    assert plain["algorithm"] == "ring/Simple" and plain["high_gbps"] == pytest.approx(400)
+
+
+def test_a_low_sharp_run_names_sharp_off_and_says_it_is_unvalidated(capsys, tmp_path):
+    est = costmodel.cluster_collective("all_reduce", 4 * 2**30, hardware.ClusterSpec(
+        gpu="H100", n_nodes=4, nic="IB-NDR", sharp=True))
+    log = tmp_path / "sharp.log"
+    log.write_text(f"#  size  busbw\n{4 * 2**30}  {0.4 * est.busbw / 1e9:.2f}\n")
+    row = _json(capsys, "expect", "all_reduce", "--gpu", "H100", "--nodes", "4", "--sharp",
+                "--measured", str(log))[0]
+    assert row["verdict"].startswith("low (expectation unvalidated: no published rows for "
+                                     ">2 nodes, InfiniBand + SHARP")
+    assert "SHARP off (NCCL_COLLNET_ENABLE=1 not set" in row["detail"]
+
+
+def test_the_json_configuration_names_sharp_and_the_transport(capsys):
+    assert cli.main(["expect", "all_reduce", "--gpu", "H100", "--nodes", "2", "--sharp",
+                     "--sizes", "1G", "--json"]) == 0
+    configuration = json.loads(capsys.readouterr().out)["configuration"]
+    assert (configuration["sharp"], configuration["transport"]) == (True, "ib")
+
+
+def test_tcpxo_is_refused_naming_what_is_missing(capsys, tmp_path):
+    # A healthy-looking TCPXO log is never judged: the model does not price the transport.
+    log = tmp_path / "tcpxo.log"
+    log.write_text(f"#  size  busbw\n{2**30}  30.00\n")
+    assert cli.main(["expect", "all_reduce", "--gpu", "H100", "--nodes", "2", "--nic",
+                     "Ethernet-200G", "--transport", "tcpxo", "--measured", str(log)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert "GPUDirect-TCPXO" in err and "expect cannot judge it" in err
+    assert "Missing: a model of its latency and bandwidth, or published rows" in err
+
+
+def test_efa_is_judged_only_where_published_efa_rows_are(capsys):
+    # All-reduce on more than 2 nodes has published EFA rows at every size class; an
+    # all-gather has none, and is refused rather than called low.
+    efa = ["--gpu", "H200", "--nodes", "4", "--nic", "Ethernet-200G", "--nics-per-node", "16",
+           "--transport", "efa", "--sizes", "1M,4G"]
+    rows = _json(capsys, "expect", "all_reduce", *efa)
+    assert all(r["regime"].startswith(">2 nodes, EFA, all_reduce") and r["validated"]
+               for r in rows)
+    assert cli.main(["expect", "all_gather", *efa]) == 2
+    err = capsys.readouterr().err
+    assert "aws-ofi-nccl" in err and ">2 nodes, EFA, all_gather/reduce_scatter, 1 MiB - 1 GiB " \
+        "has 0 (needs 3)" in err and "Missing: published nccl-tests rows" in err
+
+
 # --- Bad input: one line naming the fix -----------------------------------------------------------
 
 def test_a_log_of_another_collective_is_refused(capsys, tmp_path):
@@ -450,6 +516,17 @@ def test_a_log_of_another_collective_is_refused(capsys, tmp_path):
     (["--gpu", "H100", "--nodes", "2", "--fabric", "NVLink"], "is a link inside a node"),
     (["--gpu", "H100", "--nodes", "2", "--fabric", "RoCE"], "give --nic Ethernet-400G"),
     (["--gpu", "H100", "--nodes", "1", "--fabric", "PCIe"], "give --node-link PCIe4x16"),
+    (["--gpu", "H100", "--nodes", "2", "--algorithm", "collnet_chain"],
+     "--algorithm collnet_chain reduces in the InfiniBand switches (NCCL CollNet over SHARP): "
+     "give --sharp too"),
+    (["--gpu", "H100", "--nodes", "2", "--algorithm", "collnet_direct"], "give --sharp too"),
+    (["--gpu", "H100", "--nodes", "1", "--sharp"], "give --nodes > 1 with an IB-* --nic"),
+    (["--gpu", "H100", "--nodes", "2", "--sharp", "--nic", "Ethernet-400G", "--fabric", "RoCE"],
+     "--sharp reduces in InfiniBand switches"),
+    (["--gpu", "H100", "--nodes", "2", "--nic", "Ethernet-400G", "--fabric", "EFA"],
+     "give --transport efa"),
+    (["--gpu", "H100", "--nodes", "2", "--transport", "efa", "--fabric", "RoCE"],
+     "--transport efa crosses AWS EFA, not RoCE"),
     (["--gpu", "H100", "--nodes", "2", "--measured", str(DATA / "nccl_tests_h200_1node_nvls0_"
                                                           "stas00.txt"), "--gpus-per-node", "0"],
      "positive integers"),

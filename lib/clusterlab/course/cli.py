@@ -79,8 +79,9 @@ def _expect_parser(commands) -> None:
     expect = commands.add_parser(
         "expect", help="expected nccl-tests busbw for a cluster; judge a measured log",
         description="Print the bus bandwidth (nccl-tests' busbw, GB/s) that "
-                    "clusterlab.analytic.costmodel.cluster_collective (NCCL's own tuning model) expects "
-                    "per message size, with the band's floor and the algorithm NCCL would pick. "
+                    "clusterlab.analytic.costmodel.cluster_collective (NCCL's own tuning model) "
+                    "expects per message size, with the band's floor and the algorithm NCCL "
+                    "would pick. "
                     "The floor is the model's measured error in that regime (nodes, fabric, "
                     "op, size class) over published nccl-tests rows; where a regime has too "
                     "few rows the expectation is unvalidated and every verdict says so. With "
@@ -88,7 +89,8 @@ def _expect_parser(commands) -> None:
                     "and give a verdict per size: normal, low (with likely causes) or high "
                     "(above line rate: in-network reduction).")
     expect.add_argument("op", choices=expect_module.OPS)
-    expect.add_argument("--gpu", required=True, help="GPU name in clusterlab.catalog.hardware, e.g. H100")
+    expect.add_argument("--gpu", required=True,
+                        help="GPU name in clusterlab.catalog.hardware, e.g. H100")
     expect.add_argument("--nodes", type=int, required=True, help="nodes")
     expect.add_argument("--gpus-per-node", type=int, default=8, help="GPUs per node (8)")
     expect.add_argument("--nic", default=None,
@@ -105,7 +107,16 @@ def _expect_parser(commands) -> None:
                              "(default: the GPU's NVLink), e.g. PCIe4x16")
     expect.add_argument("--algorithm", default="auto",
                         choices=("auto", *costmodel.CLUSTER_ALGORITHMS),
-                        help="the algorithm the run forced (NCCL_ALGO), or auto: NCCL's choice")
+                        help="the algorithm the run forced (NCCL_ALGO), or auto: NCCL's choice "
+                             "(collnet_direct and collnet_chain need --sharp)")
+    expect.add_argument("--sharp", action="store_true",
+                        help="the InfiniBand switches reduce (SHARP, with NCCL_COLLNET_ENABLE=1):"
+                             " NCCL may then run CollNet direct or chain, and NVLS across nodes")
+    expect.add_argument("--transport", choices=tuple(expect_module.TRANSPORTS), default="ib",
+                        help="NCCL's network transport: ib (default: InfiniBand or RoCE "
+                             "verbs, which NCCL's model prices), efa (AWS aws-ofi-nccl; judged "
+                             "only where published EFA rows exist) or tcpxo (GCP; refused: "
+                             "unpriced)")
     expect.add_argument("--sizes", default="1M,8M,64M,512M,4G",
                         help="increasing sizes, powers of 1024 (1M,8M,64M,512M,4G)")
     expect.add_argument("--measured", help="an nccl-tests *_perf output to judge: its text "
@@ -125,7 +136,24 @@ def _sizes(text: str) -> list[int]:
 
 
 def _fabric_options(args: argparse.Namespace) -> None:
-    """Refuse a --fabric that the configuration cannot cross, naming the fix."""
+    """Refuse network options the configuration cannot have (--fabric, --transport, --sharp, a
+    CollNet --algorithm), naming the fix."""
+    if args.algorithm.startswith("collnet") and not args.sharp:
+        raise ValueError(f"--algorithm {args.algorithm} reduces in the InfiniBand switches "
+                         "(NCCL CollNet over SHARP): give --sharp too (a run with "
+                         "NCCL_COLLNET_ENABLE=1 and the SHARP plugin), or another --algorithm.")
+    infiniband = (args.nic or "IB-").startswith("IB-") and args.fabric in (None, "InfiniBand")
+    if args.sharp and (args.nodes == 1 or not infiniband or args.transport != "ib"):
+        raise ValueError("--sharp reduces in InfiniBand switches between nodes (NCCL reaches "
+                         "SHARP through nccl-rdma-sharp-plugins): give --nodes > 1 with an IB-* "
+                         "--nic and --transport ib, or drop --sharp (inside one node NVLS, "
+                         "NVLink SHARP, is NCCL's default without it).")
+    if args.transport == "efa" and args.fabric not in (None, "EFA"):
+        raise ValueError(f"--transport efa crosses AWS EFA, not {args.fabric}: give --fabric "
+                         "EFA or drop --fabric.")
+    if args.fabric == "EFA" and args.transport != "efa":
+        raise ValueError("--fabric EFA is reached through the aws-ofi-nccl plugin, not NCCL's "
+                         "NET/IB: give --transport efa.")
     if args.fabric is None:
         return
     one_node = args.fabric in ("NVLink", "PCIe")
@@ -161,10 +189,12 @@ def _expect(args: argparse.Namespace) -> None:
                 raise ValueError(f"{flag} {value}: {error} Use one of these names.") from None
     if args.nodes < 1 or args.gpus_per_node < 1:
         raise ValueError("--nodes and --gpus-per-node must be positive integers.")
+    if args.transport == "efa" and args.fabric is None:
+        args.fabric = "EFA"     # EFA's published rows set the band of an EFA run
     _fabric_options(args)
     cluster = expect_module.cluster_from_options(args.gpu, args.nodes, args.gpus_per_node,
                                                  nic=args.nic, nics_per_node=args.nics_per_node,
-                                                 node_link=args.node_link)
+                                                 node_link=args.node_link, sharp=args.sharp)
     measurement = None
     if args.measured:
         name = "standard input" if args.measured == "-" else args.measured
@@ -183,11 +213,13 @@ def _expect(args: argparse.Namespace) -> None:
         sizes = [size for size, _ in measurement.rows]
     else:
         sizes = _sizes(args.sizes)
+    expect_module.check_transport(args.transport, args.op, sizes, cluster)
     rows = expect_module.verdicts(args.op, sizes, cluster, fabric=args.fabric,
                                   algorithm=args.algorithm,
                                   measured=None if measurement is None else dict(measurement.rows))
     print(expect_module.report(rows, args.op, cluster, algorithm=args.algorithm,
-                               measurement=measurement, as_json=args.json))
+                               transport=args.transport, measurement=measurement,
+                               as_json=args.json))
 
 
 _SPACE = plan.SearchSpace()  # the search's defaults, which the flags narrow

@@ -304,6 +304,61 @@ def _check_partial_report(measurement: Measurement, cluster: hardware.ClusterSpe
                          f"{trimmed}.")
 
 
+#: The network transports (NCCL's net plugin) ``expect --transport`` names. NCCL 2.30.7's tuning
+#: model prices NET/IB, GPUDirect RDMA over InfiniBand or RoCE verbs: its network latencies are
+#: tuning.cc's, with no plugin latency (``latencyInter = 0``). The others move data another way.
+TRANSPORTS = {
+    "ib": "NCCL's NET/IB (InfiniBand or RoCE verbs, GPUDirect RDMA)",
+    "efa": "AWS EFA through the aws-ofi-nccl plugin (NET/OFI over SRD)",
+    "tcpxo": "GCP's GPUDirect-TCPXO (the FasTrak net plugin: TCP, payloads through the NICs' "
+             "DMA into GPU memory)",
+}
+#: The fabric whose published rows judge a transport other than NET/IB (None: no rows).
+_TRANSPORT_FABRIC = {"efa": "EFA", "tcpxo": None}
+
+
+def check_transport(transport: str, op: str, sizes, cluster: hardware.ClusterSpec) -> None:
+    """Refuse to judge a transport that NCCL's tuning model does not price, where no published
+    rows of that transport validate it.
+
+    ``ib`` is what the model prices. Another transport is judged only in regimes where published
+    rows of it hold the model's error (EFA: ``clusterlab.catalog.published.nccl_tests`` rows of
+    fabric EFA); elsewhere a healthy run would be called low on a model that does not apply.
+
+    Args:
+        transport: a key of :data:`TRANSPORTS` (``--transport``).
+        op: the collective.
+        sizes: the sizes to judge, bytes.
+        cluster: the cluster.
+
+    Raises:
+        ValueError: an unknown transport, or one with no validated regime for some size; the
+            message names what is missing.
+    """
+    if transport not in TRANSPORTS:
+        raise ValueError(f"Unknown transport {transport!r}; use one of {', '.join(TRANSPORTS)}.")
+    if transport == "ib" or cluster.n_nodes == 1:
+        return
+    unpriced = (f"--transport {transport} is {TRANSPORTS[transport]}; NCCL "
+                f"{costmodel.NCCL_RELEASE}'s tuning model prices {TRANSPORTS['ib']}, not this "
+                "transport's per-message costs")
+    fabric = _TRANSPORT_FABRIC[transport]
+    if fabric is None:
+        raise ValueError(f"{unpriced}, and no published nccl-tests rows of it are in "
+                         "clusterlab.catalog.published.nccl_tests: expect cannot judge it. "
+                         "Missing: a model of its latency and bandwidth, or published rows of "
+                         "this configuration (add them with their source).")
+    errors = costmodel.regime_errors()
+    for size in sizes:
+        where = costmodel.regime(op, size, cluster.n_nodes, fabric)
+        rows = len(errors.get(where, ()))
+        if rows < costmodel.MIN_VALIDATION_ROWS:
+            raise ValueError(f"{unpriced}; it is judged only against published rows of it, "
+                             f"and {where} has {rows} (needs {costmodel.MIN_VALIDATION_ROWS}). "
+                             "Missing: published nccl-tests rows of this configuration on "
+                             f"{fabric} (add them with their source).")
+
+
 def low_causes(op: str, nbytes: int, *, nodes: int, fabric: str, algorithm: str) -> str:
     """The usual reasons a busbw is low in this configuration, most likely first."""
     causes = []
@@ -336,8 +391,11 @@ def low_causes(op: str, nbytes: int, *, nodes: int, fabric: str, algorithm: str)
     if algorithm in ("nvls", "nvls_tree"):
         causes.append("NVLS off (NCCL_NVLS_ENABLE=0, or no multicast: nvidia-smi -q fabric "
                       "state; NCCL INFO lists no NVLS)")
-    elif algorithm.startswith("collnet"):
-        causes.append("SHARP off (NCCL_COLLNET_ENABLE, the SHARP plugin)")
+    if algorithm.startswith("collnet") or (algorithm == "nvls" and nodes > 1):
+        causes.append("SHARP off (NCCL_COLLNET_ENABLE=1 not set, or the SHARP plugin "
+                      "(nccl-rdma-sharp-plugins' libnccl-net.so) not loaded: NCCL INFO lists no "
+                      "CollNet), or the SHARP aggregation manager (sharp_am) not running on "
+                      "the subnet manager's host")
     if op == "all_to_all":
         causes.append("all-to-all is priced by the course's estimate, not NCCL's model: rail "
                       "alignment (NCCL_PXN_DISABLE) and the NICs' share per GPU")
@@ -390,7 +448,7 @@ def _regime_info(where: costmodel.Regime) -> dict:
 
 def cluster_from_options(gpu: hardware.GPU | str, nodes: int, gpus_per_node: int = 8, *,
             nic: str | None = None, nics_per_node: int | None = None,
-            node_link: str | None = None) -> hardware.ClusterSpec:
+            node_link: str | None = None, sharp: bool = False) -> hardware.ClusterSpec:
     """The cluster ``expect`` prices, from its options; ``nic`` is :data:`DEFAULT_NIC` between
     nodes when none is named.
 
@@ -399,6 +457,8 @@ def cluster_from_options(gpu: hardware.GPU | str, nodes: int, gpus_per_node: int
         nodes, gpus_per_node: ``--nodes``, ``--gpus-per-node``.
         nic, nics_per_node: ``--nic``, ``--nics-per-node`` (default one NIC per GPU).
         node_link: ``--node-link``: a link in ``hardware.LINKS`` replacing the GPU's NVLink.
+        sharp: ``--sharp``: the InfiniBand switches reduce (NCCL CollNet, and NVLS across
+            nodes).
 
     Returns:
         The :class:`~clusterlab.catalog.hardware.ClusterSpec`.
@@ -406,7 +466,8 @@ def cluster_from_options(gpu: hardware.GPU | str, nodes: int, gpus_per_node: int
     if nodes > 1 and nic is None:
         nic = DEFAULT_NIC
     return hardware.ClusterSpec(gpu=gpu, n_nodes=nodes, gpus_per_node=gpus_per_node, nic=nic,
-                                nics_per_node=nics_per_node, intra_node_link=node_link)
+                                nics_per_node=nics_per_node, intra_node_link=node_link,
+                                sharp=sharp)
 
 
 def verdicts(op: str, sizes, cluster: hardware.ClusterSpec, *, fabric: str | None = None,
@@ -505,15 +566,16 @@ def format_table(rows: list[dict]) -> str:
 
 
 def report(rows: list[dict], op: str, cluster: hardware.ClusterSpec, *,
-           algorithm: str = "auto", measurement: Measurement | None = None,
-           as_json: bool = False) -> str:
+           algorithm: str = "auto", transport: str = "ib",
+           measurement: Measurement | None = None, as_json: bool = False) -> str:
     """What ``expect`` prints: a header and :func:`format_table`, or the ``--json`` document.
 
     The JSON document (``expect --json``) holds ``nccl_release`` (the NCCL release whose tuning
     model priced the rows), ``configuration`` (op, gpu, nodes, gpus_per_node, nic,
-    nics_per_node, algorithm), ``regimes`` (:func:`regimes`), ``measured`` (None, or the run's
-    ``format``, ``op``, ``nccl_version``, ``ranks``, ``hosts``, ``report_complete`` and
-    ``devices`` as :class:`Measurement` reads them) and ``rows`` (:func:`verdicts`).
+    nics_per_node, sharp, transport, algorithm), ``regimes`` (:func:`regimes`), ``measured``
+    (None, or the run's ``format``, ``op``, ``nccl_version``, ``ranks``, ``hosts``,
+    ``report_complete`` and ``devices`` as :class:`Measurement` reads them) and ``rows``
+    (:func:`verdicts`).
     """
     found = regimes(rows)
     nodes, gpus_per_node, gpu = cluster.n_nodes, cluster.gpus_per_node, cluster.gpu.name
@@ -527,14 +589,17 @@ def report(rows: list[dict], op: str, cluster: hardware.ClusterSpec, *,
                            "configuration": {"op": op, "gpu": gpu, "nodes": nodes,
                                              "gpus_per_node": gpus_per_node, "nic": cluster.nic,
                                              "nics_per_node": cluster.nics_per_node,
+                                             "sharp": cluster.sharp, "transport": transport,
                                              "algorithm": algorithm},
                            "regimes": found, "measured": measured, "rows": rows}, indent=1)
     net = ("" if nodes == 1
-           else f", {cluster.nics_per_node or gpus_per_node} x {cluster.nic} per node")
+           else f", {cluster.nics_per_node or gpus_per_node} x {cluster.nic} per node"
+           + (", SHARP" if cluster.sharp else "")
+           + ("" if transport == "ib" else f", transport {transport}"))
     forced = "" if algorithm == "auto" else f", NCCL_ALGO={algorithm}"
     lines = [f"# expected {op} on {nodes} x {gpus_per_node} {gpu}{net}{forced} as NCCL "
-             f"{costmodel.NCCL_RELEASE} runs it (clusterlab.analytic.costmodel.cluster_collective); "
-             "busbw in GB/s"]
+             f"{costmodel.NCCL_RELEASE} runs it "
+             "(clusterlab.analytic.costmodel.cluster_collective); busbw in GB/s"]
     if measurement is not None and measurement.nccl_version:
         lines.append(f"# measured with NCCL {measurement.nccl_version}")
     if measurement is not None and not measurement.report_complete:

@@ -59,6 +59,10 @@ _NCCL_PCI_GBPS = {"PCIe3x16": 12.0, "PCIe4x16": 24.0, "PCIe5x16": 48.0, "PCIe6x1
 #: NVLink's per-link line rate per direction by generation (hardware.LINKS: 6, 12, 18, 18 links).
 _NVLINK_LINK_LINE = {2: 25e9, 3: 25e9, 4: 25e9, 5: 50e9}
 SIZE_CLASSES = ("< 1 MiB", "1 MiB - 1 GiB", ">= 1 GiB")
+#: Algorithms that reduce in the network's switches (NCCL CollNet over InfiniBand SHARP).
+IN_NETWORK_ALGORITHMS = ("collnet_direct", "collnet_chain")
+#: Appended to a regime's fabric where the switches reduce: "InfiniBand + SHARP".
+IN_NETWORK_SUFFIX = " + SHARP"
 #: The published rows' fabrics, and PCIe for a node whose GPUs talk over PCIe.
 FABRICS = ("NVLink", "PCIe") + nccl_tests.FABRICS[1:]
 FabricKind = Literal["NVLink", "PCIe", "InfiniBand", "RoCE", "EFA", "Ethernet"]
@@ -69,7 +73,8 @@ class Regime:
     """Where a prediction lies, for reporting the model's error there."""
 
     nodes: str          # "1 node", "2 nodes" or ">2 nodes"
-    fabric: str         # the network crossed: one of FABRICS (NVLink or PCIe on one node)
+    fabric: str         # the network crossed: one of FABRICS (NVLink or PCIe on one node),
+    #                     with IN_NETWORK_SUFFIX where its switches reduce (SHARP)
     ops: str            # "all_reduce", "all_gather/reduce_scatter" or "all_to_all"
     sizes: str          # one of SIZE_CLASSES
 
@@ -77,12 +82,24 @@ class Regime:
         return f"{self.nodes}, {self.fabric}, {self.ops}, {self.sizes}"
 
 
-def regime(op: str, nbytes: float, n_nodes: int, fabric: FabricKind) -> Regime:
-    """The :class:`Regime` of one collective (see :func:`validation_by_regime`)."""
+def regime(op: str, nbytes: float, n_nodes: int, fabric: FabricKind, *,
+           in_network: bool = False) -> Regime:
+    """The :class:`Regime` of one collective (see :func:`validation_by_regime`).
+
+    ``in_network``: the switches reduce (an :data:`IN_NETWORK_ALGORITHMS` run across nodes).
+    Such a run is its own regime, since rows without SHARP say nothing of its error.
+    """
     if fabric not in FABRICS:
         raise ValueError(f"Unknown fabric {fabric!r}; use one of {', '.join(FABRICS)}.")
-    return Regime(nccl_tests.node_class(n_nodes), fabric, nccl_tests.op_family(op),
+    return Regime(nccl_tests.node_class(n_nodes),
+                  fabric + (IN_NETWORK_SUFFIX if in_network else ""), nccl_tests.op_family(op),
                   SIZE_CLASSES[(nbytes >= 2**20) + (nbytes >= 2**30)])
+
+
+def reduces_in_network(algorithm: str, n_nodes: int) -> bool:
+    """Whether NCCL's ``algorithm`` reduces in the network's switches (InfiniBand SHARP): CollNet
+    always, NVLS across nodes (NCCL 2.30.7 runs it only with CollNet, tuning.cc:503-505)."""
+    return algorithm in IN_NETWORK_ALGORITHMS or (algorithm == "nvls" and n_nodes > 1)
 
 
 def fabric_of(nic: str | None, n_nodes: int, intra_kind: str = "nvlink") -> str:
@@ -229,18 +246,19 @@ def _high_busbw(op: str, algorithm: str, links: _NodeLinks,
                 cluster: hardware.ClusterSpec) -> float:
     """The line-rate busbw of the links ``algorithm`` loads.
 
-    A ring's busbw cannot pass the slower of its links. NVLS reduces in the switch, so its
-    algbw (not busbw) is bound by NVLink. On two nodes a tree, NVLS-tree or CollNet sends each
-    node's buffer across the network once each way, so its algbw is bound by all of a node's
-    NICs together (and NVLink): busbw can reach ``2(n-1)/n`` times that.
+    A ring's busbw cannot pass the slower of its links. NVLS reduces in the switch, so on one
+    node its algbw (not busbw) is bound by NVLink. On two nodes a tree, NVLS-tree or CollNet,
+    and on any node count a reduction in the network's switches (CollNet, NVLS across nodes),
+    sends each node's buffer across the network once each way, so its algbw is bound by all of
+    a node's NICs together (and NVLink): busbw can reach ``2(n-1)/n`` times that.
     """
     n_nodes = cluster.n_nodes
     line = links.intra_line if n_nodes == 1 else min(links.intra_line, links.net_line)
     factor = busbw_factor("all_reduce", cluster.n_gpus)
-    if algorithm == "nvls":
+    if algorithm == "nvls" and n_nodes == 1:
         return factor * links.intra_line
     if op == "all_reduce" and (n_nodes == 2 and algorithm in ("tree", "nvls_tree")
-                               or algorithm.startswith("collnet")):
+                               or reduces_in_network(algorithm, n_nodes)):
         return factor * min(links.intra_line, links.net_line)
     return line
 

@@ -53,6 +53,9 @@ def cluster_collective(op: ClusterOp, nbytes: float, cluster: hardware.ClusterSp
 
     The errors per regime against published rows (:func:`validation_by_regime`) set the band;
     a regime with fewer than ``MIN_VALIDATION_ROWS`` rows is unvalidated (``validated=False``).
+    A run whose switches reduce (CollNet, or NVLS across nodes, with ``sharp=True``) lies in
+    its own regime, e.g. "2 nodes, InfiniBand + SHARP, all_reduce, >= 1 GiB": rows without
+    SHARP do not validate it.
 
     Args:
         op: ``"all_reduce"``, ``"all_gather"``, ``"reduce_scatter"`` or ``"all_to_all"``.
@@ -86,7 +89,9 @@ def _with_regime_band(estimate: CollectiveEstimate, spec: hardware.ClusterSpec,
     """The estimate with its validation regime and the band its published rows set."""
     kind = "pcie" if (spec.intra_node_link or "").startswith("PCIe") else "nvlink"
     where = _model.regime(estimate.op, estimate.nbytes, spec.n_nodes,
-                          fabric or _model.fabric_of(spec.nic, spec.n_nodes, kind))
+                          fabric or _model.fabric_of(spec.nic, spec.n_nodes, kind),
+                          in_network=_model.reduces_in_network(estimate.algorithm,
+                                                               spec.n_nodes))
     return validation.with_band(estimate, where)
 
 
