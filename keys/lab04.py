@@ -6,7 +6,19 @@ the backward takes x, w1, b1, w2, dy: b2 enters no gradient).
 Hidden tests on 2, 4 and 8 devices with widths and batches the lab never shows compare the output
 with ``models.mlp_block`` on one device and every gradient with ``jax.vjp`` of it, and require
 exactly one all-reduce of B x D x 4 bytes in each compiled program.
+
+The backward must be written by hand, and the grader holds that rule from the exported program.
+JAX (0.10.2 here) names every operation it lowers after its transformation stack: what autodiff
+derives carries ``jvp(...)`` (linearisation) or ``transpose(...)`` (the backward) in its source
+location, which ``jax.export`` keeps in the StableHLO it serializes. A hand-written chain rule
+has neither; ``jax.vjp``, ``jax.grad``, ``jax.jvp`` or ``jax.linear_transpose`` of any piece of
+the block leaves them. The math alone cannot tell them apart (both run the same dots and the one
+all-reduce), so the test reads the locations, and a program exported without any (locations
+stripped) is refused too. A kernel that rewrites the locations before exporting forges this test
+as it could forge any; what it stops is the shortcut the exercise forbids.
 """
+
+import re
 
 from typing import NamedTuple
 
@@ -58,6 +70,9 @@ KEY = {
 # ---- lab04.3 and lab04.4: the Megatron MLP block's forward and backward, written by hand ----
 
 _AXIS = "model"
+# a source location naming an autodiff transformation: "jvp(...)/dot_general",
+# "transpose(jvp(...))/select_n" (JAX's name stack, kept in the exported StableHLO)
+_AUTODIFF_LOCATION = re.compile(r'loc\("[^"]*\b(jvp|transpose)\(')
 _GRAD_NAMES = ("dx", "dw1", "db1", "dw2", "db2")
 
 
@@ -135,6 +150,21 @@ def _check_forward(programs) -> None:
                                 4 * x.size, "psum the partial block output once (g).")
 
 
+def _require_hand_written(test: str, program: grading.Program) -> None:
+    """Refuse a program whose operations autodiff derived (or that carries no locations)."""
+    text = program.exported.mlir_module()
+    if 'loc("' not in text:
+        raise grading.Refused(f"{test}: its program carries no source locations, which the "
+                              "grader reads to see how the gradients were derived; export it "
+                              "as check.answer does.")
+    found = sorted({m.group(1) for m in _AUTODIFF_LOCATION.finditer(text)})
+    if found:
+        raise grading.Refused(
+            f"{test}: its program holds operations JAX's autodiff derived ({', '.join(found)} "
+            "in their source locations). Hint: write the chain rule yourself, with matmuls, the "
+            "relu's mask and one psum; no jax.grad, jax.vjp or jax.jvp.")
+
+
 def _check_backward(programs) -> None:
     for program, case in zip(programs, _CASES):
         block, x, dy = _inputs(case)
@@ -152,6 +182,8 @@ def _check_backward(programs) -> None:
                  "(f's backward) of each device's partial dx.")
         _require_one_all_reduce(f"{case.name}: backward collectives", program, args,
                                 4 * x.size, "all-reduce the partial dx once (f's backward).")
+        # last: a submission refused here had the right gradients and collectives
+        _require_hand_written(f"{case.name}: written by hand", program)
 
 
 KEY["lab04.3"] = grading.code(

@@ -9,8 +9,18 @@ micro-batch counts and sizes the lab never shows, against the single-device MLP
 and read the compiled program's collectives: only ``collective-permute``s, one micro-batch
 (b x D x 4 bytes) each, one per tick of the lock-step schedule (m + p - 1 ticks each way; the
 last tick's send carries nothing and may be compiled away).
+
+``lab05.4`` asks for the backward schedule written by hand, and the grader holds that rule from
+the exported program: no collective-permute may come from autodiff. JAX (0.10.2 here) names
+every lowered operation after its transformation stack, and ``jax.export`` keeps those names as
+source locations; ``jax.grad`` through the forward ticks lowers their sends under ``jvp(...)``
+and the backward's under ``transpose(jvp(...))`` (the scan bodies as functions whose call sites
+carry the names). The backward ticks' own ``jax.vjp`` of a stage's blocks, which the exercise
+asks for, differentiates no send and passes. The collective count alone cannot tell them apart:
+autodiff transposes each forward ppermute into one backward ppermute, 2(m + p - 1) in all.
 """
 
+import re
 from typing import NamedTuple
 
 import jax
@@ -26,6 +36,66 @@ _SMALLEST_M = next(m for m in range(1, 200)
                    if schedule.make_schedule(8, m).idle_fraction <= 1 / 8 + 1e-12)
 _LEAVES = ("w1", "b1", "w2", "b2")     # the order of the stage arrays the assignment takes
 _AXIS = "stage"
+# a source location naming an autodiff transformation (JAX's name stack): "jvp(...)/while",
+# "transpose(jvp(...))/while/body/closed_call"
+_AUTODIFF = re.compile(r'"[^"]*\b(?:jvp|transpose)\(')
+_LOC_ALIAS = re.compile(r"^#(loc\d+) = (.*)$")
+_LOC_REF = re.compile(r"#(loc\d+)")
+_FUNCTION = re.compile(r"^\s*func\.func (?:public |private )?@([\w.$-]+)\(")
+_CALL = re.compile(r"\bfunc\.call @([\w.$-]+)\(")
+_LINE_LOC = re.compile(r"loc\((.*)\)\s*$")
+
+
+def _autodiff_sends(text: str) -> tuple[int, int]:
+    """(collective-permutes in the StableHLO ``text``, how many of them autodiff derived).
+
+    A send is derived when its own location, or a call site on some path from ``main`` to the
+    function holding it, names ``jvp(`` or ``transpose(``.
+    """
+    aliases = {m.group(1): m.group(2) for m in map(_LOC_ALIAS.match, text.splitlines()) if m}
+
+    def derived(line: str) -> bool:
+        found = _LINE_LOC.search(line)
+        location = found.group(1) if found else ""
+        for _ in range(64):                          # expand the aliases, nested at most 64 deep
+            expanded = _LOC_REF.sub(lambda m: aliases.get(m.group(1), ""), location)
+            if expanded == location:
+                break
+            location = expanded
+        return bool(_AUTODIFF.search(location))
+
+    function, calls, sends = "", [], []              # calls: (caller, callee, derived)
+    for line in text.splitlines():
+        header = _FUNCTION.match(line)
+        if header:
+            function = header.group(1)
+        elif _CALL.search(line):
+            calls.append((function, _CALL.search(line).group(1), derived(line)))
+        elif "stablehlo.collective_permute" in line:
+            sends.append((function, derived(line)))
+    under_autodiff = {callee for _, callee, flag in calls if flag}
+    while True:                                       # callees of derived functions are derived
+        more = {callee for caller, callee, _ in calls if caller in under_autodiff}
+        if more <= under_autodiff:
+            break
+        under_autodiff |= more
+    return len(sends), sum(flag or f in under_autodiff for f, flag in sends)
+
+
+def _require_hand_written_backward(test: str, program: grading.Program) -> None:
+    """Refuse a program whose sends autodiff derived (or that carries no locations)."""
+    text = program.exported.mlir_module()
+    if 'loc("' not in text:
+        raise grading.Refused(f"{test}: its program carries no source locations, which the "
+                              "grader reads to see how the gradients were derived; export it "
+                              "as check.answer does.")
+    sends, derived = _autodiff_sends(text)
+    if derived:
+        raise grading.Refused(
+            f"{test}: {derived} of the {sends} collective-permutes in its program come from JAX's autodiff "
+            "(jax.grad or jax.vjp through the ticks that send). Hint: run the backward ticks "
+            "yourself: jax.vjp of one stage's blocks only, and your own ppermute of the "
+            "input's gradient to stage s - 1.")
 
 
 class _Case(NamedTuple):
@@ -121,6 +191,9 @@ def _check_grads(programs) -> None:
                  "and adds its micro-batches' parameter gradients; the loss is the mean over "
                  "all m micro-batches.")
         _require_sends(f"gradients on {case.name}: its messages", program, args, case, 2)
+        # last: a submission refused here had the right gradients and sends
+        _require_hand_written_backward(f"gradients on {case.name}: the backward schedule",
+                                       program)
 
 
 def _exports(*, grads: bool) -> list[grading.Export]:

@@ -1,7 +1,8 @@
 """The programming assignments of lab 04 (the Megatron MLP block's forward, lab04.3, and its
 hand-written backward, lab04.4): the instructor's solutions, taken from the lab's solution cells,
 pass the key's hidden tests on 2, 4 and 8 devices, and each bug planted into them fails the
-hidden test that names it.
+hidden test that names it. A backward by autodiff (the review's W2) has the right gradients and
+the one all-reduce; it fails the "written by hand" test, the last of each hidden case.
 
 Programs are exported and rebuilt in this process as a submission's kernel and the grader do
 (:func:`clusterlab.course.grading.judge`).
@@ -9,6 +10,8 @@ Programs are exported and rebuilt in this process as a submission's kernel and t
 
 from __future__ import annotations
 
+import jax
+import jax.numpy as jnp
 import pytest
 
 from assignment_support import KEYS, assert_fails_by_name, lab_sources, solution_functions
@@ -58,3 +61,33 @@ def test_lab04_skeletons_are_refused_with_their_error(key_id, function_name, cel
     skeleton = solution_functions(_LAB04[cell:cell + 1])[function_name]
     verdict = grading.judge(_KEY04, key_id, skeleton, {})
     assert not verdict.passed and "raised NotImplementedError" in verdict.line
+
+
+def _megatron_grads_by_vjp(x, w1, b1, w2, dy, axis_name):
+    """The backward with jax.vjp of the local block, then f's psum: right numbers, one
+    all-reduce, and the autodiff the exercise forbids (the review's bypass, W2)."""
+    def local_block(x, w1, b1, w2):
+        return jax.nn.relu(x @ w1 + b1) @ w2                    # this device's partial output
+
+    _, vjp = jax.vjp(local_block, x[0], w1[0], b1[0], w2[0])
+    d_partial_x, dw1, db1, dw2 = vjp(dy[0])
+    dx = dy[0] + jax.lax.psum(d_partial_x, axis_name)
+    return tuple(g[None] for g in (dx, dw1, db1, dw2, dy[0].sum(0)))
+
+
+def _megatron_grads_by_grad(x, w1, b1, w2, dy, axis_name):
+    """jax.grad of sum(dy * block) for the weights, the hand-written dx: autodiff of a piece."""
+    def weighted(w1, b1, w2):
+        return jnp.sum(dy[0] * (jax.nn.relu(x[0] @ w1 + b1) @ w2))
+
+    dw1, db1, dw2 = jax.grad(weighted, argnums=(0, 1, 2))(w1[0], b1[0], w2[0])
+    pre = x[0] @ w1[0] + b1[0]
+    dx = dy[0] + jax.lax.psum(((dy[0] @ w2[0].T) * (pre > 0)) @ w1[0].T, axis_name)
+    return tuple(g[None] for g in (dx, dw1, db1, dw2, dy[0].sum(0)))
+
+
+@pytest.mark.parametrize("submission", [_megatron_grads_by_vjp, _megatron_grads_by_grad],
+                         ids=["jax.vjp of the local block, then psum", "jax.grad of the weights"])
+def test_lab04_backward_by_autodiff_fails_by_name(submission):
+    verdict = grading.judge(_KEY04, "lab04.4", submission, {})
+    assert_fails_by_name(verdict, f"{_FIRST04}: written by hand")
