@@ -126,3 +126,16 @@ def test_mfu_convention_over_causal_short_and_long_context():
     # 12 L s d of the convention is 3.25 TFLOP per token there, against 6N = 2.43 TFLOP
     attention = flops.transformer_flops_per_token(405e9, 126, 131072, 16384) - 6 * 405e9
     assert attention == pytest.approx(3.25e12, rel=2e-3)
+
+
+def test_transformer_params_counts_llama_3_shapes():
+    # Dubey et al. 2024, Table 3 shapes; Meta's model cards: 8.03B and 405B (405.8e9 counted)
+    assert flops.transformer_params(32, 4096, n_heads=32, n_kv_heads=8, ffn_width=14336,
+                                    vocab_size=128256) == pytest.approx(8.030e9, rel=1e-3)
+    assert flops.transformer_params(126, 16384, n_heads=128, n_kv_heads=8, ffn_width=53248,
+                                    vocab_size=128256) == pytest.approx(405.85e9, rel=1e-4)
+    # multi-head, no vocabulary: 4 d^2 + 3 d f per layer
+    assert flops.transformer_params(2, 8, n_heads=2, n_kv_heads=2, ffn_width=16) == 2 * (
+        4 * 64 + 3 * 8 * 16)
+    with pytest.raises(ValueError, match="must divide n_heads"):
+        flops.transformer_params(2, 8, n_heads=4, n_kv_heads=3, ffn_width=16)

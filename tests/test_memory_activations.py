@@ -38,6 +38,20 @@ def test_bad_input():
         memory.transformer_layer_activation_bytes(**GPT3, tensor_parallel=0)
 
 
+def test_grouped_query_attention_keeps_smaller_k_and_v():
+    """K and V, 2 s b h bytes each of the 34, shrink to g / a: Llama 3 405B's 8 of 128 heads
+    keep 34 - 4 * 15/16 = 30.25 s b h (selective: no scores), sequence parallel over 8."""
+    shape = dict(seq_len=8192, micro_batch=1, hidden=16384, n_heads=128, tensor_parallel=8,
+                 sequence_parallel=True, recompute="selective")
+    multi_head = memory.transformer_layer_activation_bytes(**shape)
+    grouped = memory.transformer_layer_activation_bytes(**shape, n_kv_heads=8)
+    assert multi_head == 8192 * 16384 * 34 / 8
+    assert grouped == 8192 * 16384 * 30.25 / 8
+    assert memory.transformer_layer_activation_bytes(**shape, n_kv_heads=128) == multi_head
+    with pytest.raises(ValueError, match="exceeds the 128 attention heads"):
+        memory.transformer_layer_activation_bytes(**shape, n_kv_heads=256)
+
+
 def test_per_device_bytes_replicated_and_split():
     mesh = sub_mesh(4, "data")
     split = devices.shard(jnp.zeros((8, 16), jnp.float32), mesh, P("data"))

@@ -65,7 +65,8 @@ def test_cp_1_prices_every_layout_exactly_as_the_planner_before_cp(tmp_path):
     where, has_cp, old = run_old_planner(CP_COMMIT, tmp_path, OLD_SCRIPT, OLD_LAYOUTS, FIELDS)
     assert where.startswith(str(tmp_path)) and not has_cp   # the old planner ran, without cp
     for (kwargs, policy), before in zip(OLD_LAYOUTS, old):
-        now = plan.predict(replace(W70, recompute=policy), _cluster(512),
+        # multi-head, as the old planner's workload (its activations had no K/V heads)
+        now = plan.predict(replace(W70, recompute=policy, n_kv_heads=None), _cluster(512),
                            plan.Layout(**kwargs, cp=1), NO_OVERLAP)
         assert_priced_as_before(now, before, FIELDS)
         assert now.cp_comm_s == 0.0 and now.cp_estimate is None

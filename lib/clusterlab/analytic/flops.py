@@ -34,7 +34,8 @@ import math
 from clusterlab._checks import (count as _check_count, number as _as_float,
                                 positive as _check_positive)
 
-__all__ = ["training_flops", "transformer_flops_per_token", "moe_flops_per_token",
+__all__ = ["training_flops", "transformer_params", "transformer_flops_per_token",
+           "moe_flops_per_token",
            "causal_flops_per_token", "mfu_convention_over_causal", "mfu", "time_to_train_s"]
 
 
@@ -61,6 +62,46 @@ def training_flops(n_params: float, n_tokens: float) -> float:
     _check_positive("n_params", n_params)
     _check_positive("n_tokens", n_tokens)
     return 6.0 * float(n_params) * float(n_tokens)
+
+
+def transformer_params(n_layers: int, d_model: int, *, n_heads: int, n_kv_heads: int,
+                       ffn_width: int, vocab_size: int | None = None,
+                       untied_embeddings: bool = True) -> float:
+    """Parameters of a decoder-only transformer with grouped-query attention and a gated
+    (SwiGLU) MLP, as Llama 3 is built, biases and norms left out (under 0.01%).
+
+    Per layer: the query and output projections ``2 d^2``, the key and value projections
+    ``2 d g (d / a)`` for ``g`` key/value heads of width ``d / a``, and the MLP's three
+    ``d x f`` matrices (gate, up, down); then the input embedding ``V d`` and, untied, the
+    output layer ``V d``.
+
+    Llama 3 405B (126 layers, d 16384, 128 heads, 8 KV heads, f 53248, V 128256): 405.8e9,
+    the 405B of Dubey et al. 2024, Table 3.
+
+    Args:
+        n_layers, d_model: L and d.
+        n_heads, n_kv_heads: a and g (g divides a; g = a is multi-head attention).
+        ffn_width: f, the gated MLP's hidden width.
+        vocab_size: V; None: no embeddings counted.
+        untied_embeddings: whether the output layer has its own ``V d`` (Llama 3's do).
+
+    Returns:
+        The parameter count.
+
+    Raises:
+        ValueError: for a size that is not a positive integer or g not dividing a.
+    """
+    for name, value in (("n_layers", n_layers), ("d_model", d_model), ("n_heads", n_heads),
+                        ("n_kv_heads", n_kv_heads), ("ffn_width", ffn_width)):
+        _check_count(name, value)
+    if n_heads % n_kv_heads:
+        raise ValueError(f"n_kv_heads ({n_kv_heads}) must divide n_heads ({n_heads}): each "
+                         f"key/value head serves a group of query heads.")
+    attention = 2.0 * d_model**2 + 2.0 * d_model * n_kv_heads * (d_model / n_heads)
+    per_layer = attention + 3.0 * d_model * ffn_width
+    embeddings = 0.0 if vocab_size is None else (
+        _check_count("vocab_size", vocab_size) * d_model * (2 if untied_embeddings else 1))
+    return n_layers * per_layer + embeddings
 
 
 def transformer_flops_per_token(n_params: float, n_layers: int, seq_len: int,

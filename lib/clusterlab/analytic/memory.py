@@ -142,7 +142,8 @@ ACTIVATION_RECOMPUTE = ("none", "selective", "full")
 def transformer_layer_activation_bytes(seq_len: int, micro_batch: int, hidden: int,
                                        n_heads: int, *, tensor_parallel: int = 1,
                                        sequence_parallel: bool = False,
-                                       recompute: str = "none") -> float:
+                                       recompute: str = "none",
+                                       n_kv_heads: int | None = None) -> float:
     """Bytes of activations one transformer layer keeps for its backward pass, per device.
 
     With 16-bit activations (2 bytes per value, 1-byte dropout masks), sequence length ``s``,
@@ -159,7 +160,10 @@ def transformer_layer_activation_bytes(seq_len: int, micro_batch: int, hidden: i
       blockwise in its backward pass (it keeps only ``O(s)`` softmax statistics per head), so
       this is also the memory of a layer with FlashAttention, the default since 2022-23;
       ``recompute="full"`` keeps only the layer's input, ``2 s b h`` (``/ t``
-      with sequence parallelism).
+      with sequence parallelism);
+    * grouped-query attention (``n_kv_heads`` = ``g`` < ``a``): the stored K and V, ``2 s b h``
+      bytes each of the 24 split ones, shrink to ``g / a`` of that, so the 24 become
+      ``24 - 4 (1 - g / a)``.
 
     Args:
         seq_len: s, tokens per sequence.
@@ -169,6 +173,7 @@ def transformer_layer_activation_bytes(seq_len: int, micro_batch: int, hidden: i
         tensor_parallel: t, the tensor-parallel degree.
         sequence_parallel: whether LayerNorm and dropout are split along the sequence as well.
         recompute: ``"none"``, ``"selective"`` or ``"full"``.
+        n_kv_heads: g, key/value heads (grouped-query attention); None: ``a``.
 
     Returns:
         Bytes per device for one layer. GPT-3 (s = 2048, h = 12288, a = 96) with b = 1 and no
@@ -183,12 +188,17 @@ def transformer_layer_activation_bytes(seq_len: int, micro_batch: int, hidden: i
     h = _checks.count("hidden", hidden)
     a = _checks.count("n_heads", n_heads)
     t = _checks.count("tensor_parallel", tensor_parallel)
+    g = a if n_kv_heads is None else _checks.count("n_kv_heads", n_kv_heads)
+    if g > a:
+        raise ValueError(f"n_kv_heads ({g}) exceeds the {a} attention heads; give at most "
+                         f"n_heads (n_heads: multi-head attention).")
     if recompute not in ACTIVATION_RECOMPUTE:
         raise ValueError(f"recompute must be one of {ACTIVATION_RECOMPUTE}, got {recompute!r}.")
     if recompute == "full":
         return float(s * b * h * 2 / (t if sequence_parallel else 1))
     attention_scores = 0.0 if recompute == "selective" else 5 * a * s / (h * t)
-    rest = 34 / t if sequence_parallel else 10 + 24 / t
+    split = 24 - 4 * (1 - g / a)       # K and V (2 s b h bytes each) shrink to g / a
+    rest = (10 + split) / t if sequence_parallel else 10 + split / t
     return float(s * b * h * (rest + attention_scores))
 
 

@@ -39,14 +39,16 @@ from clusterlab.analytic.plan.fabric_comparison import (FABRIC_CLUSTERS, FABRIC_
 from clusterlab.analytic.plan.power import (PUE_HYPERSCALE, PUE_INDUSTRY_AVERAGE, cluster_power_w,
                                             facility_power_w, gpus_within_power,
                                             peak_flops_per_facility_w)
-from clusterlab.analytic.plan.prediction import (BYTES_PER_VALUE, EP_TERM, Plan, broken_rule,
+from clusterlab.analytic.plan.prediction import (BYTES_PER_VALUE, EP_TERM, Plan, batch_fix,
+                                                 broken_rule,
                                                  cp_collectives_per_layer, dp_all_reduce,
                                                  dp_all_reduce_s, ep_all_to_alls_per_layer,
                                                  expert_all_to_all_bytes, kv_all_gather_bytes,
                                                  predict, predict_published)
 from clusterlab.analytic.plan.search import (Refusal, SearchResult, SearchSpace, best_plan,
                                              candidate_layouts, describe_plan, format_plans,
-                                             format_refusals, gpus_needed, rank_layouts,
+                                             format_refusals, gpus_needed, mfu_warning,
+                                             plan_record, published_mfu, rank_layouts,
                                              search_layouts)
 from clusterlab.analytic.plan.step import (BACKWARD_FRACTION, StepTime, data_parallel_step,
                                            default_shape, exposed_bucketed_reduce_s,
@@ -54,17 +56,17 @@ from clusterlab.analytic.plan.step import (BACKWARD_FRACTION, StepTime, data_par
 from clusterlab.analytic.plan import validation
 from clusterlab.analytic.plan.validation import validation_table
 from clusterlab.analytic.plan.workload import (Assumptions, cluster, EXPERT_MATRICES, Layout, MoE,
-                                               Workload)
+                                               Workload, shape_params)
 
 __all__ = [
     "BACKWARD_FRACTION", "BYTES_PER_VALUE", "EP_TERM", "EXPERT_MATRICES", "FABRIC_CLUSTERS",
     "FABRIC_JOB", "PUE_HYPERSCALE", "PUE_INDUSTRY_AVERAGE", "Assumptions", "DataParallelJob",
-    "Layout", "MoE", "Plan", "Refusal", "broken_rule", "SearchResult", "SearchSpace", "StepTime", "Workload", "best_plan", "candidate_layouts", "cluster",
+    "Layout", "MoE", "Plan", "Refusal", "batch_fix", "broken_rule", "SearchResult", "SearchSpace", "StepTime", "Workload", "best_plan", "candidate_layouts", "cluster",
     "cluster_power_w", "data_parallel_step", "default_shape", "describe_plan", "dp_all_reduce",
     "dp_all_reduce_s", "cp_collectives_per_layer", "ep_all_to_alls_per_layer",
     "exposed_bucketed_reduce_s", "megatron_bucket_params",
     "expert_all_to_all_bytes", "kv_all_gather_bytes", "fabric_step", "facility_power_w", "format_plans", "format_refusals", "gpus_needed",
-    "gpus_within_power", "hidden_all_reduce_s", "model_shape", "network_to_match",
-    "peak_flops_per_facility_w", "predict", "predict_published", "rank_layouts", "search_layouts",
+    "gpus_within_power", "hidden_all_reduce_s", "mfu_warning", "plan_record", "published_mfu", "model_shape", "network_to_match",
+    "peak_flops_per_facility_w", "predict", "predict_published", "rank_layouts", "search_layouts", "shape_params",
     "validation", "validation_table",
 ]

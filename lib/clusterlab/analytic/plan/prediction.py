@@ -268,6 +268,17 @@ def _stages_cross_nodes(layout: Layout, cluster: ClusterSpec) -> bool:
     return layout.pp > 1 and layout.tp * layout.cp * layout.dp >= cluster.gpus_per_node
 
 
+def batch_fix(global_batch: int, dp: int) -> str:
+    """What to change when a global batch does not divide over ``dp`` replicas: the nearest
+    batches that do, or a dp that divides the batch. Megatron-LM refuses such a batch too (its
+    global batch is micro-batch x micro-batches x dp), so the planner does not price it."""
+    lower, upper = (global_batch // dp) * dp, (global_batch // dp + 1) * dp
+    nearest = f"{lower} or {upper}" if lower else f"{upper}"
+    return (f"a batch of {global_batch} sequences does not divide over dp = {dp}: use a batch "
+            f"of {nearest} sequences (multiples of {dp}), or fewer or more GPUs so that dp "
+            f"divides {global_batch}")
+
+
 def broken_rule(workload: Workload, layout: Layout, *, schedule_rules: bool = True,
                 gpus_per_node: int | None = None) -> str | None:
     """The divisibility rule a layout breaks for a workload, named, or None: the one check
@@ -341,6 +352,10 @@ def _check_layout(workload: Workload, cluster: ClusterSpec, layout: Layout) -> i
                          f"{n_layers} layers; each stage needs at least one layer.")
     rule = broken_rule(workload, layout, schedule_rules=False,
                        gpus_per_node=cluster.gpus_per_node)
+    if workload.global_batch % layout.dp:
+        raise ValueError(f"Layout {layout} breaks a rule: global batch does not divide over dp "
+                         f"({workload.global_batch} sequences, dp={layout.dp}); "
+                         f"{batch_fix(workload.global_batch, layout.dp)}.")
     if rule is not None:
         raise ValueError(f"Layout {layout} breaks a rule: {rule} (global batch "
                          f"{workload.global_batch} sequences, dp={layout.dp}, micro-batch "
@@ -388,7 +403,8 @@ def _memory(workload: Workload, layout: Layout, assumptions: Assumptions,
     ``fp32_grad_accumulation``). The activations are one micro-batch's of the stage's layers
     (:func:`clusterlab.analytic.memory.transformer_layer_activation_bytes`, sequence parallel when
     tp > 1 unless the layout turns it off; the "flash" policy stores what "selective" does, the
-    scores never being stored) times the micro-batches the schedule keeps in flight on the first
+    scores never being stored; grouped-query attention's K and V at ``kv_heads / heads`` of
+    multi-head attention's) times the micro-batches the schedule keeps in flight on the first
     stage (:func:`clusterlab.analytic.costmodel.pipeline_activation_microbatches`: ``min(p, m)`` for
     1F1B, ``p + (p-1)/v`` interleaved).
 
@@ -414,7 +430,8 @@ def _memory(workload: Workload, layout: Layout, assumptions: Assumptions,
         workload.seq_len, layout.micro_batch, d_model, workload.heads,
         tensor_parallel=layout.tp,
         sequence_parallel=layout.sequence_parallel and layout.tp > 1,
-        recompute="selective" if policy == "flash" else policy) / layout.cp
+        recompute="selective" if policy == "flash" else policy,
+        n_kv_heads=workload.kv_heads) / layout.cp
     if layout.virtual_stages > 1:
         in_flight = costmodel.pipeline_activation_microbatches(
             layout.pp, microbatches, "interleaved", virtual_stages=layout.virtual_stages)

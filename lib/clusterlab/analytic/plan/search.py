@@ -25,11 +25,13 @@ ranking (the default ``SearchSpace.ep`` is ``(1,)``).
 from __future__ import annotations
 
 from collections import Counter
+from itertools import product
 from dataclasses import dataclass, field, replace
 
 from clusterlab.analytic import costmodel, memory
 from clusterlab.catalog.hardware import ClusterSpec
-from clusterlab.analytic.plan.prediction import (EP_TERM, Plan, broken_rule,
+from clusterlab.catalog.published import mfu_records
+from clusterlab.analytic.plan.prediction import (EP_TERM, Plan, batch_fix, broken_rule,
                                                  ep_all_to_alls_per_layer, predict)
 from clusterlab.analytic.gemm import RECOMPUTE_POLICIES
 from clusterlab.analytic.plan.workload import Assumptions, Layout, Workload
@@ -61,10 +63,12 @@ class SearchSpace:
     ep: tuple[int, ...] = (1,)
     #: pipeline depths to try; None: every divisor of the GPUs left by tp and cp
     pp: tuple[int, ...] | None = None
+    #: tensor-parallel degrees to try; None: every divisor of a node's GPUs
+    tp: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
-        names = ("micro_batches", "virtual_stages", "cp", "ep") + (("pp",) if self.pp is not None
-                                                                  else ())
+        names = (("micro_batches", "virtual_stages", "cp", "ep")
+                 + tuple(name for name in ("pp", "tp") if getattr(self, name) is not None))
         for name in names:
             values = getattr(self, name)
             if not values or any(not isinstance(v, int) or v < 1 for v in values):
@@ -103,30 +107,32 @@ class SearchResult:
     n_candidates: int = 0
 
 
-def _candidates(workload: Workload, cluster: ClusterSpec, space: SearchSpace):
-    """Every (workload, layout) of the space on the cluster, with the rule each breaks."""
+def _grids(workload: Workload, cluster: ClusterSpec,
+           space: SearchSpace) -> list[tuple[int, int, int, int]]:
+    """Every ``(tp, cp, pp, dp)`` of the space that fills the cluster, the batch not checked."""
     n_layers, _ = workload.shape
-    for tp in _divisors(cluster.gpus_per_node):
-        for cp in space.cp:
-            if cluster.n_gpus % (tp * cp):
-                continue
-            for pp in _divisors(cluster.n_gpus // (tp * cp)):
-                dp = cluster.n_gpus // (tp * cp * pp)
-                if pp > n_layers or workload.global_batch % dp:
-                    continue
-                if space.pp is not None and pp not in space.pp:
-                    continue
-                for policy in space.recompute:
-                    policy_workload = replace(workload, recompute=policy)
-                    for mbs in space.micro_batches:
-                        for v in space.virtual_stages:
-                            for stage in space.zero_stages:
-                                for ep in space.ep:
-                                    layout = Layout(dp=dp, tp=tp, pp=pp, zero_stage=stage,
-                                                    micro_batch=mbs, virtual_stages=v, cp=cp,
-                                                    ep=ep)
-                                    yield policy_workload, layout, broken_rule(
-                                        workload, layout, gpus_per_node=cluster.gpus_per_node)
+    tps = _divisors(cluster.gpus_per_node) if space.tp is None else space.tp
+    return [(tp, cp, pp, cluster.n_gpus // (tp * cp * pp))
+            for tp in tps for cp in space.cp if cluster.n_gpus % (tp * cp) == 0
+            for pp in _divisors(cluster.n_gpus // (tp * cp))
+            if pp <= n_layers and (space.pp is None or pp in space.pp)]
+
+
+def _candidates(workload: Workload, cluster: ClusterSpec, space: SearchSpace):
+    """Every (workload, layout) of the space on the cluster, with the rule each breaks; a grid
+    whose dp does not divide the batch is skipped (:func:`search_layouts` names the fix when
+    none is left)."""
+    for tp, cp, pp, dp in _grids(workload, cluster, space):
+        if workload.global_batch % dp:
+            continue
+        for policy in space.recompute:
+            policy_workload = replace(workload, recompute=policy)
+            for mbs, v, stage, ep in product(space.micro_batches, space.virtual_stages,
+                                             space.zero_stages, space.ep):
+                layout = Layout(dp=dp, tp=tp, pp=pp, zero_stage=stage, micro_batch=mbs,
+                                virtual_stages=v, cp=cp, ep=ep)
+                yield policy_workload, layout, broken_rule(
+                    workload, layout, gpus_per_node=cluster.gpus_per_node)
 
 
 def candidate_layouts(workload: Workload, cluster: ClusterSpec,
@@ -157,11 +163,15 @@ def _label(layout: Layout, policy: str) -> str:
 
 def search_layouts(workload: Workload, cluster: ClusterSpec,
                    assumptions: Assumptions = Assumptions(), *,
-                   space: SearchSpace = SearchSpace(), limit: int | None = None) -> SearchResult:
+                   space: SearchSpace = SearchSpace(), limit: int | None = None,
+                   include_unfit: bool = False) -> SearchResult:
     """Every layout of ``space``: the ones that fit, fastest step first, and the refused ones.
 
     Refusals: "does not divide: <rule>", "does not fit in memory" (example with its memory
-    against the limit) and "fits, slower than the shown ones" (beyond ``limit``).
+    against the limit) and "fits, slower than the shown ones" (beyond ``limit``). With
+    ``include_unfit`` the layouts that do not fit are ranked too, after those that fit (their
+    ``Plan.fits`` is False), instead of being refused: a pinned layout's numbers are then shown
+    even when it needs more memory than the planner's model allows.
 
     Raises:
         ValueError: when no layout divides or none fits, naming the smallest memory found and
@@ -183,12 +193,16 @@ def search_layouts(workload: Workload, cluster: ClusterSpec,
         plans.append(predict(policy_workload, cluster, layout, assumptions))
     if not plans:
         rules = "; ".join(f"{n} {r}" for r, n in sorted(reasons.items()))
-        raise ValueError(f"No layout of {cluster.n_gpus} GPUs divides the global batch of "
-                         f"{workload.global_batch} sequences; use a GPU count or batch that "
-                         f"share powers of two" + (f" (refused: {rules})." if rules else "."))
-    fitting = [p for p in plans if p.fits]
+        skipped = sorted({dp for *_, dp in _grids(workload, cluster, space)
+                          if workload.global_batch % dp})
+        fixes = "; ".join(batch_fix(workload.global_batch, dp) for dp in skipped[:3])
+        raise ValueError(f"No layout of {cluster.n_gpus} GPUs in the search space passes the "
+                         f"layout rules for a global batch of {workload.global_batch} "
+                         f"sequences" + (f" (refused: {rules})" if rules else "")
+                         + (f"; {fixes}" if fixes else "; widen the search space") + ".")
+    fitting = plans if include_unfit else [p for p in plans if p.fits]
     for p in plans:
-        if not p.fits:
+        if not p.fits and not include_unfit:
             refuse("does not fit in memory", p.layout, p.workload.recompute_policy,
                    f"{p.memory_bytes / 1e9:.1f} GB > {p.memory_limit_bytes / 1e9:.1f} GB usable")
     if not fitting:
@@ -201,8 +215,9 @@ def search_layouts(workload: Workload, cluster: ClusterSpec,
             f"{least.memory_bytes / 1e9:.1f} GB per GPU against "
             f"{least.memory_limit_bytes / 1e9:.1f} GB usable on a {cluster.gpu.name}; use more "
             f"GPUs, GPUs with more memory, full recomputation{experts} or (long sequences) "
-            f"context parallelism (SearchSpace.cp).")
-    fitting.sort(key=lambda p: (p.step_s, p.layout.zero_stage, p.layout.pp, p.layout.tp,
+            f"context parallelism (SearchSpace.cp); include_unfit=True (plan --include-unfit) "
+            f"shows the layouts that do not fit.")
+    fitting.sort(key=lambda p: (not p.fits, p.step_s, p.layout.zero_stage, p.layout.pp, p.layout.tp,
                                 p.layout.virtual_stages, p.layout.micro_batch, p.layout.cp,
                                 p.layout.ep))
     shown = fitting[:limit] if limit else fitting
@@ -211,6 +226,14 @@ def search_layouts(workload: Workload, cluster: ClusterSpec,
                f"{p.step_s:.3f} s")
     refused = [Refusal(r, n, *examples[r]) for r, n in sorted(reasons.items())]
     return SearchResult(shown, refused, n_candidates)
+
+
+def _fit_line(plan: Plan) -> str:
+    """The plan's memory against the usable memory, with a warning when it does not fit."""
+    line = (f"{plan.memory_bytes / 1e9:.1f} GB per GPU ({plan.states_bytes / 1e9:.1f} model "
+            f"states + {plan.activation_bytes / 1e9:.1f} activations) of "
+            f"{plan.memory_limit_bytes / 1e9:.1f} GB usable")
+    return line if plan.fits else line + " - DOES NOT FIT"
 
 
 def rank_layouts(workload: Workload, cluster: ClusterSpec,
@@ -315,6 +338,49 @@ def format_plans(plans: list[Plan]) -> str:
     return "\n".join(lines)
 
 
+def published_mfu(plan: Plan) -> mfu_records.MfuRecord | None:
+    """The best published MFU of the plan's class (its GPU; dense or with experts) in
+    :mod:`clusterlab.catalog.published.mfu_records`; None where none is recorded."""
+    kind = "dense" if plan.workload.moe is None else "moe"
+    return mfu_records.record(plan.hardware.gpu.name, kind)
+
+
+def mfu_warning(plan: Plan) -> str | None:
+    """A warning when the plan's MFU exceeds the best published run of its class (the
+    prediction is then more optimistic than anything shown; read it as an upper bound), else
+    None."""
+    best = published_mfu(plan)
+    if best is None or plan.mfu <= best.mfu:
+        return None
+    return (f"MFU {plan.mfu:.1%} is above the best published {best.kind} run on "
+            f"{best.gpu}, {best.mfu:.1%} ({best.run}; {best.source}): the course's model "
+            f"predicts more than anyone has shown, so read it as an upper bound")
+
+
+def plan_record(plan: Plan) -> dict:
+    """One plan as plain data (``plan --json``): the layout, ``step_s``, ``mfu``,
+    ``tokens_per_s_per_gpu``, ``memory_bytes_per_gpu``, ``fits``, ``bottleneck``, the step's
+    parts in seconds and the published MFU it exceeds (None when it does not)."""
+    layout, best = plan.layout, published_mfu(plan)
+    above = None if mfu_warning(plan) is None else {"mfu": best.mfu, "run": best.run,
+                                                    "source": best.source}
+    return {
+        "layout": {"dp": layout.dp, "tp": layout.tp, "pp": layout.pp, "cp": layout.cp,
+                   "ep": layout.ep, "zero_stage": layout.zero_stage,
+                   "micro_batch": layout.micro_batch,
+                   "virtual_stages": layout.virtual_stages,
+                   "sequence_parallel": layout.sequence_parallel,
+                   "recompute": plan.workload.recompute_policy},
+        "step_s": plan.step_s, "mfu": plan.mfu,
+        "tokens_per_s_per_gpu": plan.workload.tokens_per_step / plan.step_s
+        / plan.hardware.n_gpus,
+        "memory_bytes_per_gpu": plan.memory_bytes,
+        "memory_limit_bytes_per_gpu": plan.memory_limit_bytes, "fits": plan.fits,
+        "bottleneck": plan.bottleneck, "breakdown_s": plan.breakdown(),
+        "mfu_above_published": above,
+    }
+
+
 #: how each ZeRO stage's data-parallel collectives overlap compute (prediction._data_parallel)
 _LAST_MICROBATCH = ("in buckets during the last micro-batch's backward pass (Megatron's "
                     "overlap_grad_reduce)")
@@ -341,11 +407,12 @@ def describe_plan(plan: Plan) -> str:
         f"{cluster.gpus_per_node}); node {cluster.node_link_bytes_per_s / 1e9:.0f} GB/s, fabric "
         f"{cluster.network_bytes_per_gpu / 1e9:.1f} GB/s per GPU; storage "
         f"{cluster.storage_read_bytes_per_s / 1e9:.1f} GB/s",
-        f"layout: {layout_label(plan)}; {plan.memory_bytes / 1e9:.1f} GB per GPU "
-        f"({plan.states_bytes / 1e9:.1f} model states + {plan.activation_bytes / 1e9:.1f} "
-        f"activations) of {plan.memory_limit_bytes / 1e9:.1f} GB usable",
+        f"layout: {layout_label(plan)}; {_fit_line(plan)}",
         f"step: {plan.step_s:.3f} s; MFU {100 * plan.mfu:.1f}%; bottleneck: {plan.bottleneck}",
     ]
+    warning = mfu_warning(plan)
+    if warning is not None:
+        lines.append(f"warning: {warning}")
     for label, estimate in (("data-parallel all-reduce", plan.dp_estimate),
                             ("tensor-parallel all-reduce", plan.tp_estimate),
                             ("context-parallel K/V all-gather", plan.cp_estimate)):

@@ -83,8 +83,8 @@ class Workload:
     attention and a dense MLP (:attr:`mlp_width`).
 
     Give ``n_tokens`` (time to train is predicted), ``time_budget_s`` (tokens trainable in the
-    budget are predicted), or both (:func:`clusterlab.analytic.plan.gpus_needed` sizes the cluster
-    to the budget).
+    budget are predicted), both (:func:`clusterlab.analytic.plan.gpus_needed` sizes the cluster
+    to the budget) or neither (only the step is predicted).
     """
 
     n_params: float                      # N, model parameters
@@ -96,7 +96,9 @@ class Workload:
     d_model: int | None = None           # model (and attention) width; None: default_shape
     n_heads: int | None = None           # attention heads; None: d_model / 128
     #: key/value heads (grouped-query attention: Llama 3 has 8); None: n_heads (multi-head).
-    #: Only context parallelism's K/V all-gather reads it (Layout.cp > 1).
+    #: It sizes context parallelism's K/V all-gather and the K and V activations kept; the
+    #: GEMMs keep clusterlab.analytic.gemm's multi-head shapes (the layer's FLOPs come from
+    #: n_params, so the K/V projections' saving goes to the MLP width)
     n_kv_heads: int | None = None
     bytes_per_token: float = 4.0         # bytes storage delivers per token (4: uint32 ids)
     #: the vocabulary V: the output layer (logits, d x V, and the cross-entropy) is priced on the
@@ -112,9 +114,6 @@ class Workload:
         positive("n_params", self.n_params)
         count("seq_len", self.seq_len)
         count("global_batch", self.global_batch)
-        if self.n_tokens is None and self.time_budget_s is None:
-            raise ValueError("A workload needs n_tokens (tokens to train on) or time_budget_s "
-                             "(a wall-clock budget), or both.")
         if self.n_tokens is not None:
             positive("n_tokens", self.n_tokens)
         if self.time_budget_s is not None:
@@ -264,6 +263,32 @@ class Workload:
         extra = {"flash": 0.0, "none": 0.0, "selective": 4.0 * n_layers * self.seq_len * d_model,
                  "full": self.flops_per_token / 3}[self.recompute_policy]
         return self.flops_per_token + extra
+
+
+def shape_params(n_layers: int, d_model: int, *, n_heads: int, n_kv_heads: int | None = None,
+                 ffn_width: int | None = None, vocab_size: int | None = None,
+                 moe: MoE | None = None) -> float:
+    """Parameters of a model given by its shape (what ``Workload.n_params`` takes):
+    :func:`clusterlab.analytic.flops.transformer_params` (grouped-query attention, a gated MLP
+    of ``ffn_width``, untied embeddings), with every MoE layer's MLP replaced by its
+    ``n_experts`` gated experts of ``expert_mlp_width`` (:data:`EXPERT_MATRICES` ``d f`` each).
+
+    Raises:
+        ValueError: when a dense layer is left without ``ffn_width``.
+    """
+    moe_layers = 0 if moe is None else (moe.n_moe_layers or n_layers)
+    if ffn_width is None and moe_layers < n_layers:
+        raise ValueError("Counting the parameters from the shape needs the MLP width (--ffn, "
+                         "ffn_width) of the dense layers; or give the parameter count "
+                         "(--params).")
+    ffn = ffn_width if ffn_width is not None else 1    # every MLP is experts: replaced below
+    total = flops.transformer_params(n_layers, d_model, n_heads=n_heads,
+                                     n_kv_heads=n_heads if n_kv_heads is None else n_kv_heads,
+                                     ffn_width=ffn, vocab_size=vocab_size)
+    if moe is not None:
+        total += moe_layers * EXPERT_MATRICES * d_model * (moe.n_experts * moe.expert_mlp_width
+                                                           - ffn)
+    return total
 
 
 def cluster(gpu: str, n_gpus: int, *, storage_read_bytes_per_s: float, gpus_per_node: int = 8,

@@ -1,0 +1,187 @@
+"""``python -m clusterlab plan``: every layout axis and model dimension can be pinned, and
+``--json`` prints the plans (issue 38, item 6)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from clusterlab.analytic import flops
+from clusterlab.course import cli
+
+#: A 16-GPU cluster and an 8B-class model with grouped-query attention (Llama 3 8B's shape).
+CLUSTER = ["--gpu", "H100", "--gpus", "16"]
+LLAMA_8B = ["--layers", "32", "--d-model", "4096", "--heads", "32", "--kv-heads", "8",
+            "--ffn", "14336", "--vocab", "128256", "--seq-len", "8192", "--batch", "64"]
+#: One value on every layout axis: exactly one layout.
+PINNED = ["--tensor-parallel", "4", "--pipeline-parallel", "2", "--context-parallel", "1",
+          "--micro-batches", "1", "--virtual-stages", "2", "--zero", "1", "--recompute", "flash"]
+SCHEMA = {"layout", "step_s", "mfu", "tokens_per_s_per_gpu", "memory_bytes_per_gpu", "fits",
+          "bottleneck"}
+
+
+def plans(capsys, *argv: str) -> list[dict]:
+    """The plans `plan --json` prints for ``argv`` (the run must succeed)."""
+    assert cli.main(["plan", *argv, "--json"]) == 0, capsys.readouterr().err
+    return json.loads(capsys.readouterr().out)["plans"]
+
+
+def error(capsys, *argv: str) -> str:
+    """The error `plan` prints for ``argv`` (the run must fail with status 2)."""
+    assert cli.main(["plan", *argv]) == 2
+    return capsys.readouterr().err
+
+
+def with_value(argv: list[str], flag: str, value: str) -> list[str]:
+    """``argv`` with ``flag``'s value replaced."""
+    out = list(argv)
+    out[out.index(flag) + 1] = value
+    return out
+
+
+def test_every_layout_axis_pinned_gives_that_one_layout_in_the_json_schema(capsys):
+    (only,) = plans(capsys, *LLAMA_8B, *CLUSTER, *PINNED)
+    assert SCHEMA <= set(only), set(only)
+    assert only["layout"] == {"dp": 2, "tp": 4, "pp": 2, "cp": 1, "ep": 1, "zero_stage": 1,
+                              "micro_batch": 1, "virtual_stages": 2, "sequence_parallel": True,
+                              "recompute": "flash"}
+    assert only["step_s"] > 0 and 0 < only["mfu"] < 1 and only["fits"] is True
+    # tokens per second per GPU is the batch's tokens over the step and the 16 GPUs
+    assert only["tokens_per_s_per_gpu"] == pytest.approx(64 * 8192 / only["step_s"] / 16)
+    assert only["memory_bytes_per_gpu"] > 0 and isinstance(only["bottleneck"], str)
+
+
+@pytest.mark.parametrize("flag, values, key", [
+    ("--tensor-parallel", "2,4", "tp"), ("--pipeline-parallel", "1,2", "pp"),
+    ("--context-parallel", "1,2", "cp"), ("--micro-batches", "1,2", "micro_batch"),
+    ("--virtual-stages", "1,2", "virtual_stages"), ("--zero", "1,3", "zero_stage"),
+    ("--recompute", "flash,full", "recompute")])
+def test_a_comma_list_searches_exactly_its_values(capsys, flag, values, key):
+    argv = with_value(PINNED, flag, values)
+    if flag == "--pipeline-parallel":     # interleaving needs pp > 1
+        argv = with_value(argv, "--virtual-stages", "1")
+    found = {p["layout"][key] for p in plans(capsys, *LLAMA_8B, *CLUSTER, *argv, "--top", "50")}
+    wanted = {v if key == "recompute" else int(v) for v in values.split(",")}
+    assert found == wanted, (flag, found)
+
+
+def test_one_value_pins_each_axis(capsys):
+    for flag, key, value in (("--tensor-parallel", "tp", 2), ("--pipeline-parallel", "pp", 4),
+                             ("--context-parallel", "cp", 2), ("--zero", "zero_stage", 2),
+                             ("--micro-batches", "micro_batch", 2)):
+        argv = with_value(PINNED, flag, str(value))
+        if flag == "--pipeline-parallel":
+            argv = with_value(with_value(argv, "--virtual-stages", "1"), "--zero", "0")
+        found = {p["layout"][key] for p in plans(capsys, *LLAMA_8B, *CLUSTER, *argv)}
+        assert found == {value}, (flag, found)
+
+
+def test_the_parameters_are_counted_from_the_shape():
+    # Llama 3 8B's shape counts 8.03e9 parameters (Meta's model card: 8B)
+    n_params = flops.transformer_params(32, 4096, n_heads=32, n_kv_heads=8, ffn_width=14336,
+                                        vocab_size=128256)
+    assert n_params == pytest.approx(8.03e9, rel=1e-3)
+    workload = cli._parser().parse_args(["plan", *LLAMA_8B, *CLUSTER])
+    assert workload.params is None   # counted by _plan from the shape
+
+
+def test_grouped_query_attention_shrinks_kv_traffic_and_memory(capsys):
+    context = with_value(with_value(PINNED, "--context-parallel", "2"), "--virtual-stages", "1")
+    context = with_value(context, "--tensor-parallel", "2")
+    multi_head = with_value(LLAMA_8B, "--kv-heads", "32")
+    shape = ["--params", "8.03e9", "--layers", "32", "--d-model", "4096", "--heads", "32",
+             "--seq-len", "8192", "--batch", "64"]
+    (gqa,) = plans(capsys, *shape, "--kv-heads", "8", *CLUSTER, *context)
+    (mha,) = plans(capsys, *shape, *CLUSTER, *context)
+    gather = "context-parallel K/V all-gather"
+    # K and V of 8 heads instead of 32: a quarter of the bytes, so less time (latency stays)
+    assert gqa["breakdown_s"][gather] < 0.5 * mha["breakdown_s"][gather]
+    assert gqa["memory_bytes_per_gpu"] < mha["memory_bytes_per_gpu"]
+    assert plans(capsys, *multi_head, *CLUSTER, *PINNED)[0]["fits"]
+
+
+def test_vocab_adds_the_output_layer(capsys):
+    shape = ["--params", "8e9", "--layers", "32", "--d-model", "4096", "--heads", "32",
+             "--seq-len", "8192", "--batch", "64"]
+    (without,) = plans(capsys, *shape, *CLUSTER, *PINNED)
+    (with_vocab,) = plans(capsys, *shape, "--vocab", "128256", *CLUSTER, *PINNED)
+    assert with_vocab["step_s"] > without["step_s"]
+
+
+def test_experts_are_pinned_too(capsys):
+    mixtral = ["--layers", "32", "--d-model", "4096", "--heads", "32", "--kv-heads", "8",
+               "--vocab", "32000", "--experts", "8", "--top-k", "2", "--expert-mlp", "14336",
+               "--seq-len", "4096", "--batch", "64"]
+    pinned = with_value(PINNED, "--virtual-stages", "1") + ["--expert-parallel", "2"]
+    (only,) = plans(capsys, *mixtral, *CLUSTER, *pinned)
+    assert only["layout"]["ep"] == 2
+    assert "expert-parallel all-to-all (unvalidated)" in only["breakdown_s"]
+
+
+def test_tokens_are_optional_and_give_days_when_given(capsys):
+    assert cli.main(["plan", *LLAMA_8B, *CLUSTER, *PINNED]) == 0
+    assert "time to train" not in capsys.readouterr().out
+    assert cli.main(["plan", *LLAMA_8B, *CLUSTER, *PINNED, "--tokens", "1e12"]) == 0
+    assert "time to train 1e+12 tokens" in capsys.readouterr().out
+
+
+def test_an_mfu_above_the_published_maximum_is_flagged_with_its_source(capsys):
+    # a 1.3B model on one node: the course's model predicts above 47%, which no published
+    # dense H100 run reached
+    small = ["--params", "1.3e9", "--seq-len", "2048", "--batch", "512", "--gpus", "8",
+             "--top", "1"]
+    (best,) = plans(capsys, *small)
+    assert best["mfu"] > 0.47
+    assert best["mfu_above_published"]["mfu"] == 0.47
+    assert "Megatron-LM README" in best["mfu_above_published"]["source"]
+    assert cli.main(["plan", *small]) == 0
+    assert "warning: MFU" in capsys.readouterr().out
+    # below the record: no flag (Llama 3 8B, tp 4 x pp 2, at well under 47%)
+    (pinned,) = plans(capsys, *LLAMA_8B, *CLUSTER, *PINNED, "--recompute", "full")
+    assert pinned["mfu"] < 0.47 and pinned["mfu_above_published"] is None
+
+
+def test_a_batch_that_does_not_divide_over_dp_names_the_fix(capsys):
+    message = error(capsys, *with_value(LLAMA_8B, "--batch", "63"), *CLUSTER, *PINNED)
+    assert "does not divide over dp = 2: use a batch of 62 or 64 sequences" in message
+
+
+def test_a_pinned_layout_that_does_not_fit_is_shown_with_include_unfit(capsys):
+    big = with_value(LLAMA_8B, "--seq-len", "65536")
+    pinned = with_value(PINNED, "--recompute", "none")
+    assert "No layout fits" in error(capsys, *big, *CLUSTER, *pinned)
+    (shown,) = plans(capsys, *big, *CLUSTER, *pinned, "--include-unfit")
+    assert shown["fits"] is False
+    assert shown["memory_bytes_per_gpu"] > shown["memory_limit_bytes_per_gpu"]
+
+
+@pytest.mark.parametrize("argv, match", [
+    (["--precision", "fp8"], "fp8 is not modelled yet"),
+    (["--layers", "32"], "--d-model, --heads missing"),
+    (["--params", "8e9", "--ffn", "14336"], "drop one of them"),
+    (["--layers", "32", "--d-model", "4096", "--heads", "32"], "needs the MLP width"),
+    (["--params", "8e9", "--heads", "32", "--kv-heads", "5"], "must divide the 32"),
+])
+def test_bad_model_flags_name_the_fix(capsys, argv, match):
+    assert match in error(capsys, *argv, *CLUSTER, *PINNED)
+
+
+def test_python_m_clusterlab_plan_json_runs_as_a_command():
+    run = subprocess.run([sys.executable, "-m", "clusterlab", "plan", *LLAMA_8B, *CLUSTER,
+                          *PINNED, "--json"], capture_output=True, text=True, timeout=300,
+                         check=True)
+    (only,) = json.loads(run.stdout)["plans"]
+    assert SCHEMA <= set(only)
+
+
+def test_shape_params_counts_the_experts():
+    # Mixtral 8x7B (Jiang et al. 2024, Table 1): 46.7e9 parameters, every layer 8 experts
+    from clusterlab.analytic import plan
+    mixtral = plan.shape_params(32, 4096, n_heads=32, n_kv_heads=8, vocab_size=32000,
+                                moe=plan.MoE(8, 2, 14336))
+    assert mixtral == pytest.approx(46.7e9, rel=2e-3)
+    with pytest.raises(ValueError, match="needs the MLP width"):
+        plan.shape_params(32, 4096, n_heads=32, moe=plan.MoE(8, 2, 14336, n_moe_layers=16))
