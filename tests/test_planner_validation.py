@@ -40,6 +40,7 @@ paper's table does not quantify.
 from __future__ import annotations
 
 import statistics
+from dataclasses import replace
 
 import pytest
 
@@ -279,3 +280,45 @@ def test_regimes_outside_the_goals_are_named():
     outside = plan.validation.outside_goals(summary)
     assert set(outside) == {"Korthikanti 22B", "Korthikanti selective", "utilization"}
     assert all(s["max_abs_error"] < plan.validation.ROW_GOAL for s in summary.values())
+
+
+# --- memory fit and signed errors per source (issue 38, item 4) --------------------------------
+
+def test_every_row_is_checked_against_the_planners_memory_model():
+    """Every published layout but Llama 3's fits the planner's memory model. Llama 3 405B's
+    first stage (8 layers, 8 K/V heads, sequences of 8192 without recomputation) needs 72.8 GiB
+    of 71.7 usable; the row says why the run fit (one layer fewer on the first stage, Dubey et
+    al. 2024, section 3.3.2), and with that layer removed the model fits it."""
+    rows = list(ROWS.values())
+    assert {r.run for r in rows if not r.fits} == {"Llama 3 405B, 8192 H100",
+                                                   "Llama 3 405B, 16384 H100"}
+    for row in rows:
+        assert row.fits == (row.plan.memory_bytes <= row.plan.memory_limit_bytes)
+        assert bool(row.memory_note) == (not row.fits)
+    llama = ROWS["Llama 3 405B, 8192 H100"].plan
+    assert llama.memory_bytes / 2**30 == pytest.approx(72.8, abs=0.1)
+    assert llama.memory_limit_bytes / 2**30 == pytest.approx(71.7, abs=0.1)
+    # grouped-query attention (8 of 128 heads) keeps 30.25 of the 34 s b h: 80.3 GiB without it
+    multi_head = plan.predict(replace(llama.workload, n_kv_heads=None), llama.hardware,
+                              llama.layout)
+    assert multi_head.memory_bytes / 2**30 == pytest.approx(80.3, abs=0.1)
+    balanced = plan.validation.one_layer_fewer_first_stage_bytes(llama)
+    assert balanced < llama.memory_limit_bytes < llama.memory_bytes
+    text = plan.validation.format_validation_table(rows)
+    assert "72.8 (71.7)" in text and "no, see note" in text
+    assert text.count("note: Llama 3 405B") == 2 and "section 3.3.2" in text
+
+
+def test_errors_per_source_are_signed_and_kept_apart():
+    summary = {s["source"]: s for s in plan.validation.source_summary(list(ROWS.values()))}
+    assert set(summary) == {"korthikanti2022", "narayanan2021", "chowdhery2022", "dubey2024"}
+    assert all(s["kind"] == "dense" and not s["sets_parameter"] for s in summary.values())
+    korthikanti = summary["korthikanti2022"]
+    # every Korthikanti step time is too short: the planner is optimistic there
+    assert korthikanti["rows"] == 8 and korthikanti["highest"] < 0
+    assert korthikanti["median"] == pytest.approx(-0.090, abs=0.01)
+    assert korthikanti["lowest"] == pytest.approx(-0.137, abs=0.01)
+    assert summary["narayanan2021"]["median"] == pytest.approx(0.191, abs=0.02)
+    assert summary["dubey2024"]["lowest"] == pytest.approx(-0.200, abs=0.02)
+    text = plan.validation.format_source_summary(list(summary.values()))
+    assert "korthikanti2022  dense  8" in text and "-13.7%" in text

@@ -859,7 +859,8 @@ def predict_published(run: training_runs.MfuRun, *, zero_stage: int = 1,
     """
     cluster_spec = plan_cluster(run.gpu, run.n_gpus, storage_read_bytes_per_s=1e12)
     workload = Workload(run.n_params, run.seq_len, run.global_batch, n_tokens=run.n_tokens,
-                        n_layers=run.n_layers, d_model=run.d_model, vocab_size=vocab_size)
+                        n_layers=run.n_layers, d_model=run.d_model, n_heads=run.n_heads,
+                        n_kv_heads=run.n_kv_heads, vocab_size=vocab_size)
     layout = Layout(dp=run.dp, tp=run.tp, pp=run.pp, zero_stage=zero_stage,
                     virtual_stages=virtual_stages)
     return predict(workload, cluster_spec, layout)
