@@ -117,7 +117,7 @@ def test_argument_errors_exit_2(argv, message, capsys):
     (["bench", "all_reduce", "--min", "64K", "--max", "4K"],
      "error: --max (4096 B) is smaller than --min (65536 B)."),
     (["bench", "all_reduce", "--devices", "0"],
-     "error: setup(n) needs a positive whole number of devices, got 0."),
+     "error: setup(n_devices) needs a positive whole number of devices, got 0."),
     (["bench", "all_reduce", "--devices", "8", "--min", "1K", "--max", "1K", "--repeats", "0"],
      "error: Need warmup >= 0 and repeats >= 1, got warmup=2, repeats=0."),
     (["bench", "all_gather", "--devices", "8", "--min", "4", "--max", "4"],

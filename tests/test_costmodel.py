@@ -233,7 +233,7 @@ def test_unknown_algorithm(op, algorithm):
                                            ("broadcast", "tree"), ("reduce", "tree")])
 @pytest.mark.parametrize("n", [3, 6, 12])
 def test_power_of_two_algorithms_reject_other_counts(op, algorithm, n):
-    with pytest.raises(ValueError, match=rf"power-of-two device count, got n={n}"):
+    with pytest.raises(ValueError, match=rf"power-of-two device count, got n_devices={n}"):
         costmodel.collective_time(op, M, n, BW, ALPHA, algorithm=algorithm)
 
 
@@ -264,9 +264,9 @@ def test_non_positive_time(seconds):
 
 @pytest.mark.parametrize("n", [0, -1, 2.5, True])
 def test_bad_device_counts(n):
-    with pytest.raises(ValueError, match="n must be a positive integer|n must be a number"):
+    with pytest.raises(ValueError, match="n_devices must be a positive integer|n_devices must be a number"):
         costmodel.collective_time("all_reduce", M, n, BW)
-    with pytest.raises(ValueError, match="n must be a positive integer|n must be a number"):
+    with pytest.raises(ValueError, match="n_devices must be a positive integer|n_devices must be a number"):
         costmodel.busbw_factor("all_reduce", n)
 
 

@@ -47,7 +47,7 @@ def test_setup_with_another_count_in_a_fresh_process_says_restart():
 
 @pytest.mark.parametrize("n", [0, -1, 2.5, True, "8"])
 def test_setup_rejects_counts_that_are_not_positive_integers(n):
-    with pytest.raises(ValueError, match=r"setup\(n\) needs a positive whole number of devices"):
+    with pytest.raises(ValueError, match=r"setup\(n_devices\) needs a positive whole number of devices"):
         devices.setup(n)
 
 

@@ -133,7 +133,7 @@ def test_ring_all_reduce_steps_draws_every_message():
         colour = plt.get_cmap("tab10")(int(sent[k, i]))
         assert box.get_facecolor()[:3] == pytest.approx(colour[:3])
         assert texts[k, i] == f"c{sent[k, i]} \u2192 {(i + 1) % p}"
-    with pytest.raises(ValueError, match="p must be an integer >= 2"):
+    with pytest.raises(ValueError, match="n_devices must be an integer >= 2"):
         plotting.ring_all_reduce_steps(1)
 
 
@@ -237,7 +237,7 @@ def test_ring_diagram_labels_are_the_course_schedule(p):
 
 
 def test_ring_diagram_refuses_a_wrong_p():
-    with pytest.raises(ValueError, match="p must be an integer >= 2"):
+    with pytest.raises(ValueError, match="n_devices must be an integer >= 2"):
         plotting.ring_all_reduce_diagram(1)
     with pytest.raises(ValueError, match="draws 2 to 8 GPUs"):
         plotting.ring_all_reduce_diagram(9)

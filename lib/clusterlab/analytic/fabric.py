@@ -643,7 +643,7 @@ class Step(NamedTuple):
     fill, ``2 (depth + g - 1)`` hops, for one step of bytes."""
 
 
-def double_binary_tree(n: int) -> tuple[np.ndarray, np.ndarray]:
+def double_binary_tree(n_devices: int) -> tuple[np.ndarray, np.ndarray]:
     """NCCL's double binary tree over ``n`` nodes: the parent of each node in each tree.
 
     The first tree is the binary tree of NCCL's ``ncclGetBtree`` (``src/graph/trees.cc``):
@@ -654,7 +654,7 @@ def double_binary_tree(n: int) -> tuple[np.ndarray, np.ndarray]:
     a leaf in the other and each tree carries half the data (``ncclGetDtree``).
 
     Args:
-        n: nodes (>= 1).
+        n_devices: nodes (>= 1).
 
     Returns:
         ``(parent0, parent1)``: int arrays of length ``n``, ``-1`` at each tree's root.
@@ -663,17 +663,17 @@ def double_binary_tree(n: int) -> tuple[np.ndarray, np.ndarray]:
         S. Jeaugey, "Massively Scale Your Deep Learning Training with NCCL 2.4", NVIDIA
         blog, 2019; NVIDIA NCCL ``src/graph/trees.cc``.
     """
-    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
-        raise ValueError(f"A tree needs a whole number of nodes >= 1, got {n!r}.")
-    first = np.full(n, -1)
-    for r in range(1, n):
+    if isinstance(n_devices, bool) or not isinstance(n_devices, (int, np.integer)) or n_devices < 1:
+        raise ValueError(f"A tree needs a whole number of nodes >= 1, got {n_devices!r}.")
+    first = np.full(n_devices, -1)
+    for r in range(1, n_devices):
         low = r & -r
         up = (r ^ low) | (low << 1)
-        first[r] = up if up < n else r ^ low
+        first[r] = up if up < n_devices else r ^ low
     # Second tree: node r takes the place of node pos(r) of the first tree.
-    pos = (n - 1 - np.arange(n)) if n % 2 == 0 else (np.arange(n) - 1) % n
-    node_at = np.empty(n, dtype=int)
-    node_at[pos] = np.arange(n)
+    pos = (n_devices - 1 - np.arange(n_devices)) if n_devices % 2 == 0 else (np.arange(n_devices) - 1) % n_devices
+    node_at = np.empty(n_devices, dtype=int)
+    node_at[pos] = np.arange(n_devices)
     parent_pos = first[pos]
     second = np.where(parent_pos >= 0, node_at[np.maximum(parent_pos, 0)], -1)
     return first, second

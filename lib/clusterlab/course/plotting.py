@@ -155,7 +155,7 @@ def pipeline_timelines(schedules: Sequence[Schedule], *,
     return fig
 
 
-def ring_chunks_sent(p: int) -> np.ndarray:
+def ring_chunks_sent(n_devices: int) -> np.ndarray:
     """Which chunk each device sends to its right neighbour in each step of a ring all-reduce.
 
     The buffer is cut into p chunks. In reduce-scatter step ``k`` (1 to p-1) device ``i`` sends
@@ -165,18 +165,18 @@ def ring_chunks_sent(p: int) -> np.ndarray:
     :func:`clusterlab.device.collectives.ring_all_gather`.
 
     Args:
-        p: devices in the ring, at least 2.
+        n_devices: devices in the ring, at least 2.
 
     Returns:
         i32[2(p-1), p]: the chunk index per step (reduce-scatter steps first) and device.
     """
-    p = _checks.count("p", p, minimum=2)
-    device = np.arange(p)
-    steps = np.arange(1, p)[:, None]
-    return np.vstack([(device - steps) % p, (device + 1 - steps) % p]).astype(np.int32)
+    n_devices = _checks.count("n_devices", n_devices, minimum=2)
+    device = np.arange(n_devices)
+    steps = np.arange(1, n_devices)[:, None]
+    return np.vstack([(device - steps) % n_devices, (device + 1 - steps) % n_devices]).astype(np.int32)
 
 
-def ring_all_reduce_steps(p: int, ax: Axes | None = None) -> Axes:
+def ring_all_reduce_steps(n_devices: int, ax: Axes | None = None) -> Axes:
     """A ring all-reduce as a picture: the chunk each device sends in each of its 2(p-1) steps.
 
     Rows are devices, columns steps: p-1 reduce-scatter steps (each device adds what it receives
@@ -186,30 +186,30 @@ def ring_all_reduce_steps(p: int, ax: Axes | None = None) -> Axes:
     :func:`ring_chunks_sent`.
 
     Args:
-        p: devices in the ring, at least 2.
+        n_devices: devices in the ring, at least 2.
         ax: where to draw; a new figure when None.
 
     Returns:
         The axes.
     """
-    sent = ring_chunks_sent(p)
+    sent = ring_chunks_sent(n_devices)
     ax = _axes(ax)
     for k, i in np.ndindex(sent.shape):
-        reduce_scatter = k < p - 1
+        reduce_scatter = k < n_devices - 1
         ax.add_patch(Rectangle((k, i - 0.4), 1, 0.8, facecolor=_colour(int(sent[k, i])),
                                alpha=0.5 if reduce_scatter else 1.0, edgecolor="white",
                                gid="reduce-scatter" if reduce_scatter else "all-gather"))
-        ax.text(k + 0.5, i, f"c{sent[k, i]} \u2192 {(i + 1) % p}", ha="center", va="center",
+        ax.text(k + 0.5, i, f"c{sent[k, i]} \u2192 {(i + 1) % n_devices}", ha="center", va="center",
                 fontsize=8)
-    ax.axvline(p - 1, color="black", linewidth=1)
-    ax.set_xlim(0, 2 * (p - 1))
-    ax.set_ylim(p - 0.5, -0.5)
-    ax.set_xticks(np.arange(2 * (p - 1)) + 0.5,
-                  [f"RS {k}" for k in range(1, p)] + [f"AG {k}" for k in range(1, p)])
-    ax.set_yticks(range(p), [f"device {i}" for i in range(p)])
+    ax.axvline(n_devices - 1, color="black", linewidth=1)
+    ax.set_xlim(0, 2 * (n_devices - 1))
+    ax.set_ylim(n_devices - 0.5, -0.5)
+    ax.set_xticks(np.arange(2 * (n_devices - 1)) + 0.5,
+                  [f"RS {k}" for k in range(1, n_devices)] + [f"AG {k}" for k in range(1, n_devices)])
+    ax.set_yticks(range(n_devices), [f"device {i}" for i in range(n_devices)])
     ax.grid(False)
     ax.set_xlabel("step (RS: reduce-scatter, partial sums; AG: all-gather, finished chunks)")
-    ax.set_title(f"Ring all-reduce on {p} devices: chunk sent to the right neighbour per step",
+    ax.set_title(f"Ring all-reduce on {n_devices} devices: chunk sent to the right neighbour per step",
                  fontsize=10)
     return ax
 
@@ -288,11 +288,11 @@ def zero_memory_bars(n_params: float, dp: int, ax: Axes | None = None, *,
     return ax
 
 
-def _collective_buffers(p: int) -> dict:
+def _collective_buffers(n_devices: int) -> dict:
     """Each collective's (where in training, before, after): a list of (label, colour) cells
     per device, for :func:`collectives_before_after`."""
     letters = "abcd"
-    colours = plt.get_cmap("tab10").colors[:p]
+    colours = plt.get_cmap("tab10").colors[:n_devices]
     sum_colour = "0.35"
 
     def chunk(device, k):
@@ -304,39 +304,39 @@ def _collective_buffers(p: int) -> dict:
     def whole(device):
         return (f"${letters[device]}$", colours[device])
 
-    inputs = [[chunk(d, k) for k in range(p)] for d in range(p)]
-    nothing = [[] for _ in range(p)]
+    inputs = [[chunk(d, k) for k in range(n_devices)] for d in range(n_devices)]
+    nothing = [[] for _ in range(n_devices)]
     return {
-        "all-reduce": ("data-parallel gradients", inputs, [[total(k) for k in range(p)]] * p),
-        "reduce-scatter": ("ZeRO/FSDP gradients", inputs, [[total(d)] for d in range(p)]),
-        "all-gather": ("ZeRO/FSDP parameters", [[whole(d)] for d in range(p)],
-                       [[whole(k) for k in range(p)]] * p),
+        "all-reduce": ("data-parallel gradients", inputs, [[total(k) for k in range(n_devices)]] * n_devices),
+        "reduce-scatter": ("ZeRO/FSDP gradients", inputs, [[total(d)] for d in range(n_devices)]),
+        "all-gather": ("ZeRO/FSDP parameters", [[whole(d)] for d in range(n_devices)],
+                       [[whole(k) for k in range(n_devices)]] * n_devices),
         "all-to-all": ("expert-parallel token routing", inputs,
-                       [[chunk(k, d) for k in range(p)] for d in range(p)]),
+                       [[chunk(k, d) for k in range(n_devices)] for d in range(n_devices)]),
         "broadcast (root 0)": ("initial weights from one rank", [inputs[0]] + nothing[1:],
-                               [inputs[0]] * p),
+                               [inputs[0]] * n_devices),
         "reduce (root 0)": ("a metric summed on one rank", inputs,
-                            [[total(k) for k in range(p)]] + nothing[1:]),
+                            [[total(k) for k in range(n_devices)]] + nothing[1:]),
         "send/recv (0 → 1)": ("pipeline activations", [inputs[0]] + nothing[1:],
                               [[], inputs[0]] + nothing[2:]),
     }
 
 
-def _draw_buffers(ax, x0: float, buffers, title: str, p: int) -> None:
+def _draw_buffers(ax, x0: float, buffers, title: str, n_devices: int) -> None:
     """One row of ``p`` chunk cells per device, starting at ``x0``, titled ``title``."""
     for d, cells in enumerate(buffers):
-        y = p - 1 - d
+        y = n_devices - 1 - d
         ax.text(x0 - 0.15, y + 0.4, f"GPU{d}", ha="right", va="center", fontsize=8)
-        ax.add_patch(Rectangle((x0, y), p, 0.8, fill=False, ec="0.75", lw=0.8, ls=":"))
+        ax.add_patch(Rectangle((x0, y), n_devices, 0.8, fill=False, ec="0.75", lw=0.8, ls=":"))
         for k, (label, colour) in enumerate(cells):
             ax.add_patch(Rectangle((x0 + k, y), 1, 0.8, fc=colour, ec="white", lw=1.5,
                                    alpha=0.9))
             ax.text(x0 + k + 0.5, y + 0.4, label, ha="center", va="center", color="white",
                     fontsize=10)
-    ax.text(x0 + p / 2, p + 0.05, title, ha="center", va="bottom", fontsize=8, color="0.3")
+    ax.text(x0 + n_devices / 2, n_devices + 0.05, title, ha="center", va="bottom", fontsize=8, color="0.3")
 
 
-def collectives_before_after(p: int = 4) -> plt.Figure:
+def collectives_before_after(n_devices: int = 4) -> plt.Figure:
     """What each of ``p`` devices holds before and after each of the seven collectives.
 
     One panel per collective (all-reduce, reduce-scatter, all-gather, all-to-all, broadcast,
@@ -346,31 +346,31 @@ def collectives_before_after(p: int = 4) -> plt.Figure:
     result. The grey line under each name says where the collective appears in training.
 
     Args:
-        p: devices, 2 to 4 (one letter each: a, b, c, d).
+        n_devices: devices, 2 to 4 (one letter each: a, b, c, d).
 
     Returns:
         The figure (4 x 2 panels; the last one is the legend).
     """
-    p = _checks.count("p", p)
-    if not 2 <= p <= 4:
-        raise ValueError(f"p must be 2 to 4 (one letter per device), got {p}.")
+    n_devices = _checks.count("n_devices", n_devices)
+    if not 2 <= n_devices <= 4:
+        raise ValueError(f"n_devices must be 2 to 4 (one letter per device), got {n_devices}.")
     letters = "abcd"
     fig, axes = plt.subplots(4, 2, figsize=(9.5, 11))
-    for ax, (name, (use, before, after)) in zip(axes.flat, _collective_buffers(p).items()):
-        _draw_buffers(ax, 0.0, before, "before", p)
-        ax.annotate("", xy=(p + 1.55, p / 2), xytext=(p + 0.25, p / 2),
+    for ax, (name, (use, before, after)) in zip(axes.flat, _collective_buffers(n_devices).items()):
+        _draw_buffers(ax, 0.0, before, "before", n_devices)
+        ax.annotate("", xy=(n_devices + 1.55, n_devices / 2), xytext=(n_devices + 0.25, n_devices / 2),
                     arrowprops={"arrowstyle": "-|>", "color": "0.3", "lw": 1.5})
-        _draw_buffers(ax, p + 2.2, after, "after", p)
-        ax.text(-1.0, p + 1.25, name, fontsize=11, fontweight="bold")
-        ax.text(-1.0, p + 0.75, use, fontsize=9, color="0.4")
-        ax.set_xlim(-1.0, 2 * p + 2.3)
-        ax.set_ylim(-0.2, p + 1.5)
+        _draw_buffers(ax, n_devices + 2.2, after, "after", n_devices)
+        ax.text(-1.0, n_devices + 1.25, name, fontsize=11, fontweight="bold")
+        ax.text(-1.0, n_devices + 0.75, use, fontsize=9, color="0.4")
+        ax.set_xlim(-1.0, 2 * n_devices + 2.3)
+        ax.set_ylim(-0.2, n_devices + 1.5)
         ax.set_aspect("equal")
         ax.axis("off")
     legend_ax = axes.flat[-1]
     legend_ax.axis("off")
-    devices = ", ".join(f"{letters[d]}: GPU{d}" for d in range(1, p))
-    sums = " + ".join(f"{letters[d]}_k" for d in range(p))
+    devices = ", ".join(f"{letters[d]}: GPU{d}" for d in range(1, n_devices))
+    sums = " + ".join(f"{letters[d]}_k" for d in range(n_devices))
     legend_ax.text(0.0, 0.8, f"$a_k$: chunk $k$ of GPU0's input\n({devices})\n"
                    f"$\\Sigma_k = {sums}$\n"
                    "$a$: GPU0's whole input (all-gather)\n"
@@ -445,14 +445,14 @@ def _diagram_axes(ax: Axes, xlim: tuple[float, float], ylim: tuple[float, float]
     ax.axis("off")
 
 
-def _ring_steps_shown(p: int) -> list[int]:
+def _ring_steps_shown(n_devices: int) -> list[int]:
     """Steps (1 to p-1) drawn per phase: all of them, or 1, 2 and p-1 when there are more."""
-    if p - 1 <= RING_MAX_PANELS_PER_PHASE:
-        return list(range(1, p))
-    return [1, 2, p - 1]
+    if n_devices - 1 <= RING_MAX_PANELS_PER_PHASE:
+        return list(range(1, n_devices))
+    return [1, 2, n_devices - 1]
 
 
-def ring_all_reduce_diagram(p: int = 4) -> plt.Figure:
+def ring_all_reduce_diagram(n_devices: int = 4) -> plt.Figure:
     """A ring all-reduce drawn as a ring of ``p`` GPUs, one panel per step.
 
     The top row is the reduce-scatter (each GPU adds the chunk that arrives to its own copy and
@@ -464,32 +464,32 @@ def ring_all_reduce_diagram(p: int = 4) -> plt.Figure:
     label carries ``gid = "RS k i"`` or ``"AG k i"`` (phase, step k from 1, sending GPU i).
 
     Args:
-        p: GPUs in the ring, 2 to 8.
+        n_devices: GPUs in the ring, 2 to 8.
 
     Returns:
         The figure.
     """
-    p = _checks.count("p", p, minimum=2)
-    if p > RING_MAX_DEVICES:
+    n_devices = _checks.count("n_devices", n_devices, minimum=2)
+    if n_devices > RING_MAX_DEVICES:
         raise ValueError(f"ring_all_reduce_diagram draws 2 to {RING_MAX_DEVICES} GPUs, got "
-                         f"p = {p}; use ring_all_reduce_steps for a larger ring.")
-    sent = ring_chunks_sent(p)
-    shown = _ring_steps_shown(p)
+                         f"n_devices = {n_devices}; use ring_all_reduce_steps for a larger ring.")
+    sent = ring_chunks_sent(n_devices)
+    shown = _ring_steps_shown(n_devices)
     cols = len(shown)
     fig, axes = plt.subplots(2, cols, squeeze=False, figsize=(5.7, 4.6))
-    angle = np.pi / 2 - 2 * np.pi * np.arange(p) / p  # GPU 0 on top, clockwise
-    ring_r = max(1.0, 0.27 * p)  # the ring's radius; a GPU's circle has radius 0.27
+    angle = np.pi / 2 - 2 * np.pi * np.arange(n_devices) / n_devices  # GPU 0 on top, clockwise
+    ring_r = max(1.0, 0.27 * n_devices)  # the ring's radius; a GPU's circle has radius 0.27
     xy = ring_r * np.stack([np.cos(angle), np.sin(angle)], axis=1)
     node_r = 0.27
     gap = (node_r + 0.1) / ring_r  # radians kept clear of a GPU's circle at either arrow end
-    sweep = 2 * np.pi / p - 2 * gap
+    sweep = 2 * np.pi / n_devices - 2 * gap
     rad = -np.tan(sweep / 4)  # arc3's bulge that keeps a clockwise arrow on the ring
-    label_out = 0.38 if p <= 4 else 0.5  # a label's distance outside the ring
+    label_out = 0.38 if n_devices <= 4 else 0.5  # a label's distance outside the ring
     for row, (tag, alpha) in enumerate([("RS", 0.55), ("AG", 1.0)]):
         for col, k in enumerate(shown):
             ax = axes[row, col]
-            step = sent[(p - 1) * row + k - 1]
-            for i in range(p):
+            step = sent[(n_devices - 1) * row + k - 1]
+            for i in range(n_devices):
                 ax.add_patch(plt.Circle(xy[i], node_r, facecolor="white", edgecolor="0.2",
                                         linewidth=1.2, zorder=3))
                 ax.text(*xy[i], str(i), ha="center", va="center", fontsize=10, zorder=4)
@@ -501,7 +501,7 @@ def ring_all_reduce_diagram(p: int = 4) -> plt.Figure:
                                              arrowstyle="-|>", mutation_scale=12,
                                              shrinkA=0, shrinkB=0, color=colour, alpha=alpha,
                                              linewidth=2.4, gid=f"{tag} {k} {i}"))
-                middle = angle[i] - np.pi / p
+                middle = angle[i] - np.pi / n_devices
                 label_r = ring_r + label_out
                 ax.text(label_r * np.cos(middle), label_r * np.sin(middle), f"c{step[i]}",
                         ha="center", va="center", fontsize=10, fontweight="bold",
@@ -515,11 +515,11 @@ def ring_all_reduce_diagram(p: int = 4) -> plt.Figure:
              fontsize=10, fontweight="bold", va="top")
     fig.text(0.02, 0.49, "All-gather (AG): pass the finished sums on", fontsize=10,
              fontweight="bold", va="top")
-    note = f"{p} GPUs in a ring; arrow: one chunk (c0-c{p - 1}) to the next GPU"
-    if len(shown) < p - 1:
-        note += f"\nSteps 1, 2 and {p - 1} of {p - 1} per phase shown"
+    note = f"{n_devices} GPUs in a ring; arrow: one chunk (c0-c{n_devices - 1}) to the next GPU"
+    if len(shown) < n_devices - 1:
+        note += f"\nSteps 1, 2 and {n_devices - 1} of {n_devices - 1} per phase shown"
     fig.text(0.02, 0.02, note, fontsize=9, color="0.3", va="bottom")
-    fig.subplots_adjust(left=0.02, right=0.98, top=0.86, bottom=0.12 if len(shown) < p - 1
+    fig.subplots_adjust(left=0.02, right=0.98, top=0.86, bottom=0.12 if len(shown) < n_devices - 1
                         else 0.07, hspace=0.55, wspace=0.1)
     return fig
 
@@ -770,11 +770,11 @@ def _check_expert_choices(choices: np.ndarray, n_experts: int) -> None:
         raise ValueError(f"choices must name experts 0 to {n_experts - 1}.")
 
 
-def _check_expert_width(p: int, n_experts: int, capacity: int, tokens: int) -> None:
+def _check_expert_width(n_devices: int, n_experts: int, capacity: int, tokens: int) -> None:
     """Refuse a diagram too wide to read: more slots across than EXPERT_DIAGRAM_MAX_SLOTS."""
     width = n_experts * capacity
-    if p * width > EXPERT_DIAGRAM_MAX_SLOTS or tokens > width:
-        raise ValueError(f"{p} devices of {n_experts} x {capacity} slots are too many to draw "
+    if n_devices * width > EXPERT_DIAGRAM_MAX_SLOTS or tokens > width:
+        raise ValueError(f"{n_devices} devices of {n_experts} x {capacity} slots are too many to draw "
                          f"legibly (at most {EXPERT_DIAGRAM_MAX_SLOTS} slots across).")
 
 

@@ -27,14 +27,14 @@ from clusterlab.analytic.costmodel.alpha_beta import RUNNABLE_OPS
 
 
 
-def _shift_by_one(p: int) -> list[tuple[int, int]]:
-    return [(i, (i + 1) % p) for i in range(p)]
+def _shift_by_one(n_devices: int) -> list[tuple[int, int]]:
+    return [(i, (i + 1) % n_devices) for i in range(n_devices)]
 
 
-def _check_splits(x: jax.Array, p: int, what: str) -> None:
-    if x.shape[0] % p:
-        raise ValueError(f"{what} splits the leading dimension into {p} chunks, one per device, "
-                         f"but it has size {x.shape[0]}; make it a multiple of {p}.")
+def _check_splits(x: jax.Array, n_devices: int, what: str) -> None:
+    if x.shape[0] % n_devices:
+        raise ValueError(f"{what} splits the leading dimension into {n_devices} chunks, one per device, "
+                         f"but it has size {x.shape[0]}; make it a multiple of {n_devices}.")
 
 
 def ring_reduce_scatter(x: jax.Array, axis_name: str) -> jax.Array:
@@ -235,7 +235,7 @@ _HAND_BUILT: dict[tuple[str, str], Callable[[jax.Array, str], jax.Array]] = {
 }
 
 
-def per_device_elements(op: str, nbytes: int, n: int, itemsize: int) -> int:
+def per_device_elements(op: str, nbytes: int, n_devices: int, itemsize: int) -> int:
     """Elements of the per-device input that make a collective of ``nbytes`` (nccl-tests' size).
 
     Raises:
@@ -243,11 +243,11 @@ def per_device_elements(op: str, nbytes: int, n: int, itemsize: int) -> int:
     """
     if nbytes <= 0:
         raise ValueError(f"Message size must be positive, got {nbytes} bytes.")
-    unit = itemsize * n if op in ("all_gather", "reduce_scatter", "all_to_all") else itemsize
+    unit = itemsize * n_devices if op in ("all_gather", "reduce_scatter", "all_to_all") else itemsize
     if nbytes % unit:
-        raise ValueError(f"{op} of {nbytes} bytes on {n} devices needs a multiple of {unit} "
-                         f"bytes ({itemsize}-byte elements, split {n} ways where the op splits).")
-    return nbytes // itemsize // n if op == "all_gather" else nbytes // itemsize
+        raise ValueError(f"{op} of {nbytes} bytes on {n_devices} devices needs a multiple of {unit} "
+                         f"bytes ({itemsize}-byte elements, split {n_devices} ways where the op splits).")
+    return nbytes // itemsize // n_devices if op == "all_gather" else nbytes // itemsize
 
 
 def make_collective(op: str, mesh: Mesh, axis_name: str, *,

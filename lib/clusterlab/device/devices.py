@@ -36,14 +36,14 @@ def _accelerators() -> list[jax.Device]:
     return [d for d in jax.devices() if d.platform != "cpu"]
 
 
-def setup(n: int) -> list[jax.Device]:
+def setup(n_devices: int) -> list[jax.Device]:
     """Provide ``n`` devices: accelerators when JAX sees at least ``n``, else simulated CPUs.
 
     Call it in the first code cell, before any other JAX operation. Calling it again with the
     same ``n`` is harmless.
 
     Args:
-        n: number of devices the lab needs.
+        n_devices: number of devices the lab needs.
 
     Returns:
         The ``n`` devices to build meshes on.
@@ -52,30 +52,30 @@ def setup(n: int) -> list[jax.Device]:
         DeviceSetupError: when JAX already created its backends with a different number of CPU
             devices and no ``n`` accelerators exist; the message says to restart the kernel.
     """
-    if not isinstance(n, (int, np.integer)) or isinstance(n, bool) or n < 1:
-        raise ValueError(f"setup(n) needs a positive whole number of devices, got {n!r}.")
-    if n > 4096:
-        raise ValueError(f"setup({n}) asks for more simulated devices than is sensible on one "
+    if not isinstance(n_devices, (int, np.integer)) or isinstance(n_devices, bool) or n_devices < 1:
+        raise ValueError(f"setup(n_devices) needs a positive whole number of devices, got {n_devices!r}.")
+    if n_devices > 4096:
+        raise ValueError(f"setup({n_devices}) asks for more simulated devices than is sensible on one "
                          "host; use at most a few dozen.")
     if not _backends_initialized():
         # Harmless where accelerators exist: it only sizes the CPU backend.
-        jax.config.update("jax_num_cpu_devices", n)
+        jax.config.update("jax_num_cpu_devices", n_devices)
     accelerators = _accelerators()
-    if len(accelerators) >= n:
-        devices = accelerators[:n]
-        print(f"Using {n} of {len(accelerators)} {devices[0].platform.upper()} device(s): "
+    if len(accelerators) >= n_devices:
+        devices = accelerators[:n_devices]
+        print(f"Using {n_devices} of {len(accelerators)} {devices[0].platform.upper()} device(s): "
               f"{devices[0].device_kind}.")
         return devices
     cpus = jax.devices("cpu")
-    if len(cpus) != n:
+    if len(cpus) != n_devices:
         raise DeviceSetupError(
             f"JAX was already initialised with {len(cpus)} CPU device(s) in this process, and "
-            f"{n} were asked for. The device count is fixed once JAX has run an operation: "
-            f"restart the kernel (or the Python process) and call clusterlab.device.devices.setup({n}) "
+            f"{n_devices} were asked for. The device count is fixed once JAX has run an operation: "
+            f"restart the kernel (or the Python process) and call clusterlab.device.devices.setup({n_devices}) "
             "before any other JAX code.")
     reason = (f"Only {len(accelerators)} accelerator(s) found" if accelerators
               else "No accelerator found")
-    print(f"{reason}: using {_cpu_devices_phrase(n)}.")
+    print(f"{reason}: using {_cpu_devices_phrase(n_devices)}.")
     return cpus
 
 
@@ -84,15 +84,15 @@ def _plural(count: int, noun: str, plural: str | None = None) -> str:
     return f"{count} {noun if count == 1 else plural or noun + 's'}"
 
 
-def _cpu_devices_phrase(n: int, of: int | None = None) -> str:
+def _cpu_devices_phrase(n_devices: int, of: int | None = None) -> str:
     """What ``n`` CPU devices (of ``of`` in this process, default ``n``) are, in words."""
     cores = _plural(os.cpu_count() or 1, "core")
-    if of is not None and of > n:
-        return (f"{n} of {of} simulated CPU devices in this process, which share the host's "
+    if of is not None and of > n_devices:
+        return (f"{n_devices} of {of} simulated CPU devices in this process, which share the host's "
                 f"{cores} and its memory")
-    if n == 1:
+    if n_devices == 1:
         return f"the host CPU as 1 device (all its {cores}, no simulation)"
-    return (f"{n} simulated CPU devices in this process, sharing the host's {cores} and its "
+    return (f"{n_devices} simulated CPU devices in this process, sharing the host's {cores} and its "
             "memory")
 
 

@@ -62,12 +62,12 @@ def _check_positive_array(name: str, values: np.ndarray) -> None:
         _checks.positive(name, value)
 
 
-def busbw_factor(op: Op, n: int) -> float:
+def busbw_factor(op: Op, n_devices: int) -> float:
     """The factor nccl-tests multiplies algbw by to get bus bandwidth.
 
     Args:
         op: one of :data:`OPS`.
-        n: number of devices taking part.
+        n_devices: number of devices taking part.
 
     Returns:
         ``2(n-1)/n`` for all-reduce, ``(n-1)/n`` for all-gather, reduce-scatter and all-to-all,
@@ -77,11 +77,11 @@ def busbw_factor(op: Op, n: int) -> float:
         nccl-tests, doc/PERFORMANCE.md, "Bus bandwidth".
     """
     _check_op(op)
-    n = _checks.count("n", n)
+    n_devices = _checks.count("n_devices", n_devices)
     if op == "all_reduce":
-        return 2 * (n - 1) / n
+        return 2 * (n_devices - 1) / n_devices
     if op in ("all_gather", "reduce_scatter", "all_to_all"):
-        return (n - 1) / n
+        return (n_devices - 1) / n_devices
     return 1.0
 
 
@@ -92,50 +92,50 @@ def algbw(nbytes: float, seconds: float) -> float:
     return nbytes / seconds
 
 
-def busbw(op: Op, nbytes: float, seconds: float, n: int) -> float:
+def busbw(op: Op, nbytes: float, seconds: float, n_devices: int) -> float:
     """Bus bandwidth in bytes/s: ``algbw * busbw_factor(op, n)``, comparable to the link speed."""
-    return algbw(nbytes, seconds) * busbw_factor(op, n)
+    return algbw(nbytes, seconds) * busbw_factor(op, n_devices)
 
 
-def _log2_exact(n: int, algorithm: str) -> int:
-    steps = int(round(math.log2(n)))
-    if 2**steps != n:
+def _log2_exact(n_devices: int, algorithm: str) -> int:
+    steps = int(round(math.log2(n_devices)))
+    if 2**steps != n_devices:
         raise ValueError(
-            f"The {algorithm!r} algorithm needs a power-of-two device count, got n={n}. "
-            f"Use algorithm='ring', or n in (2, 4, 8, 16, ...).")
+            f"The {algorithm!r} algorithm needs a power-of-two device count, got n_devices={n_devices}. "
+            f"Use algorithm='ring', or n_devices in (2, 4, 8, 16, ...).")
     return steps
 
 
-def collective_steps_and_bytes(op: Op, nbytes: float, n: int,
+def collective_steps_and_bytes(op: Op, nbytes: float, n_devices: int,
                                algorithm: Algorithm = "ring") -> tuple[int, float]:
     """Latency steps and bytes each device sends, for one collective under one algorithm.
 
     Args:
         op: one of :data:`OPS`.
         nbytes: full buffer in bytes, as nccl-tests counts it (see the module docstring).
-        n: number of devices.
+        n_devices: number of devices.
         algorithm: one of ``ALGORITHMS[op]``.
 
     Returns:
         ``(steps, bytes_on_the_wire_per_device)``; the time is ``steps * alpha + bytes * beta``.
     """
     _check_op(op)
-    n = _checks.count("n", n)
+    n_devices = _checks.count("n_devices", n_devices)
     _checks.positive("nbytes", nbytes)
     if algorithm not in ALGORITHMS[op]:
         raise ValueError(f"Unknown algorithm {algorithm!r} for {op}. "
                          f"Known algorithms for {op}: {', '.join(ALGORITHMS[op])}.")
-    if n == 1:
+    if n_devices == 1:
         return 0, 0.0
-    share = (n - 1) / n * nbytes
+    share = (n_devices - 1) / n_devices * nbytes
     if op == "send_recv":
         return 1, float(nbytes)
     if op == "all_reduce":
         if algorithm == "ring":  # reduce-scatter then all-gather, n-1 steps each
-            return 2 * (n - 1), 2 * share
+            return 2 * (n_devices - 1), 2 * share
         if algorithm == "in_network":  # up to the reducing switch, and back down
             return 2, float(nbytes)
-        log_n = _log2_exact(n, algorithm)
+        log_n = _log2_exact(n_devices, algorithm)
         if algorithm == "recursive_doubling":  # whole buffer exchanged in each of log2 n rounds
             return log_n, log_n * float(nbytes)
         if algorithm == "rabenseifner":  # recursive halving then recursive doubling
@@ -143,25 +143,25 @@ def collective_steps_and_bytes(op: Op, nbytes: float, n: int,
         return 2 * log_n, 2 * log_n * float(nbytes)  # tree: reduce then broadcast
     if op in ("all_gather", "reduce_scatter"):
         if algorithm == "ring":
-            return n - 1, share
-        return _log2_exact(n, algorithm), share
+            return n_devices - 1, share
+        return _log2_exact(n_devices, algorithm), share
     if op == "all_to_all":
-        return n - 1, share
+        return n_devices - 1, share
     # broadcast and reduce
     if algorithm == "ring":  # a pipelined chain: bandwidth term of one full buffer
-        return n - 1, float(nbytes)
-    log_n = _log2_exact(n, algorithm)
+        return n_devices - 1, float(nbytes)
+    log_n = _log2_exact(n_devices, algorithm)
     return log_n, log_n * float(nbytes)
 
 
-def collective_time(op: Op, nbytes: float, n: int, bandwidth: float, latency: float = 0.0,
+def collective_time(op: Op, nbytes: float, n_devices: int, bandwidth: float, latency: float = 0.0,
                     algorithm: Algorithm = "ring") -> float:
     """Predicted time in seconds of one collective under the alpha-beta model.
 
     Args:
         op: one of :data:`OPS`.
         nbytes: full buffer in bytes, as nccl-tests counts it (see the module docstring).
-        n: number of devices.
+        n_devices: number of devices.
         bandwidth: link bandwidth in bytes/s, per device, per direction.
         latency: alpha, seconds per step.
         algorithm: one of ``ALGORITHMS[op]``; the default ring is NCCL's for large messages.
@@ -174,7 +174,7 @@ def collective_time(op: Op, nbytes: float, n: int, bandwidth: float, latency: fl
     """
     _checks.positive("bandwidth", bandwidth)
     _checks.positive("latency", latency, allow_zero=True)
-    steps, wire_bytes = collective_steps_and_bytes(op, nbytes, n, algorithm)
+    steps, wire_bytes = collective_steps_and_bytes(op, nbytes, n_devices, algorithm)
     return steps * latency + wire_bytes / bandwidth
 
 
@@ -307,7 +307,7 @@ def fit_held_out(nbytes: Sequence[float], seconds: Sequence[float],
                       predicted_s=np.asarray(model.predict(sizes[mask]), dtype=float))
 
 
-def collective_alpha_beta(op: Op, n: int, bandwidth: float, latency: float = 0.0,
+def collective_alpha_beta(op: Op, n_devices: int, bandwidth: float, latency: float = 0.0,
                           algorithm: Algorithm = "ring") -> AlphaBeta:
     """One collective algorithm as a line ``time = alpha + beta * nbytes``.
 
@@ -317,7 +317,7 @@ def collective_alpha_beta(op: Op, n: int, bandwidth: float, latency: float = 0.0
 
     Args:
         op: one of :data:`OPS`.
-        n: number of devices.
+        n_devices: number of devices.
         bandwidth: link bandwidth in bytes/s, per device, per direction.
         latency: seconds per step.
         algorithm: one of ``ALGORITHMS[op]``.
@@ -327,7 +327,7 @@ def collective_alpha_beta(op: Op, n: int, bandwidth: float, latency: float = 0.0
     """
     _checks.positive("bandwidth", bandwidth)
     _checks.positive("latency", latency, allow_zero=True)
-    steps, wire_bytes_per_byte = collective_steps_and_bytes(op, 1.0, n, algorithm)
+    steps, wire_bytes_per_byte = collective_steps_and_bytes(op, 1.0, n_devices, algorithm)
     return AlphaBeta(alpha=steps * latency, beta=wire_bytes_per_byte / bandwidth)
 
 
@@ -395,7 +395,7 @@ def hierarchical_all_reduce_time(nbytes: float, gpus_per_node: int, n_nodes: int
 
 
 
-def link_from_fit(fit: AlphaBeta, op: Op, n: int,
+def link_from_fit(fit: AlphaBeta, op: Op, n_devices: int,
                   algorithm: Algorithm = "ring") -> tuple[float, float]:
     """The link behind a measured line: invert :func:`collective_alpha_beta`.
 
@@ -406,17 +406,17 @@ def link_from_fit(fit: AlphaBeta, op: Op, n: int,
     Args:
         fit: a line fitted to the collective's measured times (:func:`fit_alpha_beta`).
         op: the collective that was measured, one of :data:`OPS`.
-        n: devices it ran over (at least 2).
+        n_devices: devices it ran over (at least 2).
         algorithm: the algorithm to read the line with.
 
     Returns:
         ``(bandwidth_bytes_per_s, latency_s)`` of one link; the bandwidth is ``inf`` when the
         fit has no bandwidth term.
     """
-    if n < 2:
-        raise ValueError(f"A collective over n={n} device moves nothing; fit a level with at "
+    if n_devices < 2:
+        raise ValueError(f"A collective over n_devices={n_devices} device moves nothing; fit a level with at "
                          "least 2 devices.")
-    steps, wire_bytes_per_byte = collective_steps_and_bytes(op, 1.0, n, algorithm)
+    steps, wire_bytes_per_byte = collective_steps_and_bytes(op, 1.0, n_devices, algorithm)
     bandwidth = math.inf if fit.beta == 0 else wire_bytes_per_byte / fit.beta
     return bandwidth, fit.alpha / steps
 

@@ -14,25 +14,25 @@ from clusterlab import _checks
 from clusterlab.analytic.costmodel.alpha_beta import collective_steps_and_bytes
 
 
-def sharded_data_parallel_bytes_per_step(n_params: float, bytes_per_param: float, n: int,
+def sharded_data_parallel_bytes_per_step(n_params: float, bytes_per_param: float, dp: int,
                                          zero_stage: int) -> float:
     """Bytes each device sends per training step under data parallelism with ZeRO stage 0-3.
 
     With ``Psi = n_params * bytes_per_param`` (the bytes of all parameters, or of all gradients)
     and ring collectives (:func:`collective_steps_and_bytes`):
 
-    * stage 0 (plain data parallelism): one all-reduce of the gradients, ``2 (n-1)/n Psi``;
+    * stage 0 (plain data parallelism): one all-reduce of the gradients, ``2 (dp-1)/dp Psi``;
     * stages 1 and 2: a reduce-scatter of the gradients (each device keeps the sum of its shard)
-      and, after the update, an all-gather of the parameters: also ``2 (n-1)/n Psi``;
+      and, after the update, an all-gather of the parameters: also ``2 (dp-1)/dp Psi``;
     * stage 3: parameters are all-gathered before the forward pass and again before the
       backward pass (they are freed in between), and the gradients reduce-scattered:
-      ``3 (n-1)/n Psi``, 1.5 times plain data parallelism.
+      ``3 (dp-1)/dp Psi``, 1.5 times plain data parallelism.
 
     Args:
         n_params: number of parameters.
         bytes_per_param: bytes per parameter and per gradient element as communicated (2 for
             BF16, 4 for FP32).
-        n: data-parallel degree, the devices the states are sharded across.
+        dp: data-parallel degree, the devices the states are sharded across.
         zero_stage: 0, 1, 2 or 3.
 
     Returns:
@@ -45,31 +45,31 @@ def sharded_data_parallel_bytes_per_step(n_params: float, bytes_per_param: float
     """
     _checks.positive("n_params", n_params)
     _checks.positive("bytes_per_param", bytes_per_param)
-    n = _checks.count("n", n)
+    dp = _checks.count("dp", dp)
     if zero_stage not in (0, 1, 2, 3):
         raise ValueError(f"zero_stage must be one of (0, 1, 2, 3), got {zero_stage!r}.")
     psi_bytes = float(n_params) * float(bytes_per_param)
-    if n == 1:
+    if dp == 1:
         return 0.0
     if zero_stage == 0:
-        return collective_steps_and_bytes("all_reduce", psi_bytes, n)[1]
-    gather_bytes = collective_steps_and_bytes("all_gather", psi_bytes, n)[1]
-    scatter_bytes = collective_steps_and_bytes("reduce_scatter", psi_bytes, n)[1]
+        return collective_steps_and_bytes("all_reduce", psi_bytes, dp)[1]
+    gather_bytes = collective_steps_and_bytes("all_gather", psi_bytes, dp)[1]
+    scatter_bytes = collective_steps_and_bytes("reduce_scatter", psi_bytes, dp)[1]
     return (2 if zero_stage == 3 else 1) * gather_bytes + scatter_bytes
 
 
-def data_parallel_bytes_per_step(n_params: float, bytes_per_grad: float, n: int) -> float:
-    """Bytes each device sends per step of plain data parallelism: ``2 (n-1)/n`` of a gradient.
+def data_parallel_bytes_per_step(n_params: float, bytes_per_grad: float, dp: int) -> float:
+    """Bytes each device sends per step of plain data parallelism: ``2 (dp-1)/dp`` of a gradient.
 
     One ring all-reduce of the gradient (``n_params * bytes_per_grad`` bytes) per step; the
-    compiled program shows the buffer reduced (the gradient), the ring sends ``2 (n-1)/n`` of
+    compiled program shows the buffer reduced (the gradient), the ring sends ``2 (dp-1)/dp`` of
     it and receives as much. Bucketing the gradient does not change the bytes, only how many
     all-reduces carry them.
 
     Args:
         n_params: number of parameters (= gradient elements).
         bytes_per_grad: bytes per gradient element as communicated (4 for FP32, 2 for BF16).
-        n: data-parallel devices.
+        dp: data-parallel devices.
 
     Returns:
         Bytes sent per device per step; 0 for one device.
@@ -80,10 +80,10 @@ def data_parallel_bytes_per_step(n_params: float, bytes_per_grad: float, n: int)
     """
     _checks.positive("n_params", n_params)
     _checks.positive("bytes_per_grad", bytes_per_grad)
-    n = _checks.count("n", n)
-    if n == 1:
+    dp = _checks.count("dp", dp)
+    if dp == 1:
         return 0.0
-    return collective_steps_and_bytes("all_reduce", float(n_params) * float(bytes_per_grad), n)[1]
+    return collective_steps_and_bytes("all_reduce", float(n_params) * float(bytes_per_grad), dp)[1]
 
 
 def gradient_buckets(total_bytes: int, bucket_bytes: int) -> list[int]:

@@ -1,7 +1,7 @@
 """Context parallelism: attention over a sequence split across devices (ring and Ulysses).
 
 A long sequence's activations do not fit one device, so the sequence axis is split over a mesh
-axis of p devices. Everything in a transformer layer but attention is token-wise and needs no
+axis of p devices (``n_devices`` in the code; shapes in comments write p). Everything in a transformer layer but attention is token-wise and needs no
 communication; attention needs every key and value. Two ways to get them, both here beside the
 single-device reference they must match (:func:`reference_attention`):
 
@@ -115,30 +115,30 @@ def chunks_per_device(placement: Placement) -> int:
     return 1 if placement == "contiguous" else 2
 
 
-def check_sequence(seq_len: int, p: int, placement: Placement) -> None:
+def check_sequence(seq_len: int, n_devices: int, placement: Placement) -> None:
     """Raise a ValueError unless a sequence of ``seq_len`` splits into the placement's chunks.
 
     Contiguous needs ``seq_len`` divisible by p; zig-zag by 2p (two chunks per device).
     """
-    parts = chunks_per_device(placement) * p
+    parts = chunks_per_device(placement) * n_devices
     if seq_len % parts:
         raise ValueError(
-            f"A {placement} placement on {p} devices cuts the sequence into {parts} equal "
+            f"A {placement} placement on {n_devices} devices cuts the sequence into {parts} equal "
             f"chunks, but its length {seq_len} is not a multiple of {parts}; pad or trim it to "
             f"{(seq_len // parts + 1) * parts} (or {seq_len // parts * parts}) tokens.")
 
 
-def check_heads(n_heads: int, p: int) -> None:
+def check_heads(n_heads: int, n_devices: int) -> None:
     """Raise a ValueError unless ``n_heads`` splits over p devices (Ulysses' head sharding)."""
-    if n_heads % p:
-        divisors = [d for d in range(1, p + 1) if n_heads % d == 0]
+    if n_heads % n_devices:
+        divisors = [d for d in range(1, n_devices + 1) if n_heads % d == 0]
         raise ValueError(
-            f"Ulysses gives each of the {p} devices n_heads/p whole heads, but {n_heads} heads "
-            f"do not split {p} ways; use a device count that divides the heads (at most "
+            f"Ulysses gives each of the {n_devices} devices n_heads/p whole heads, but {n_heads} heads "
+            f"do not split {n_devices} ways; use a device count that divides the heads (at most "
             f"{max(divisors)} here) or ring attention, which splits the sequence only.")
 
 
-def chunk_order(p: int, placement: Placement) -> np.ndarray:
+def chunk_order(n_devices: int, placement: Placement) -> np.ndarray:
     """The sequence's chunks in device order: device d holds entries ``c*d .. c*d + c-1``.
 
     Contiguous: ``[0, 1, ..., p-1]``. Zig-zag (2p chunks): device i holds chunks i and
@@ -148,35 +148,35 @@ def chunk_order(p: int, placement: Placement) -> np.ndarray:
         int[c * p], chunk indices, c = :func:`chunks_per_device`.
     """
     if chunks_per_device(placement) == 1:
-        return np.arange(p)
-    return np.stack([np.arange(p), 2 * p - 1 - np.arange(p)], axis=1).reshape(-1)
+        return np.arange(n_devices)
+    return np.stack([np.arange(n_devices), 2 * n_devices - 1 - np.arange(n_devices)], axis=1).reshape(-1)
 
 
-def token_order(seq_len: int, p: int, placement: Placement) -> np.ndarray:
+def token_order(seq_len: int, n_devices: int, placement: Placement) -> np.ndarray:
     """Original token positions in device order: ``x[:, token_order(...)]`` is placed.
 
     Returns:
         int[S]: entry j is the position in the sequence of the j-th token laid out.
     """
-    check_sequence(seq_len, p, placement)
-    n_chunks = chunks_per_device(placement) * p
+    check_sequence(seq_len, n_devices, placement)
+    n_chunks = chunks_per_device(placement) * n_devices
     chunk = seq_len // n_chunks
-    return (chunk_order(p, placement)[:, None] * chunk + np.arange(chunk)).reshape(-1)
+    return (chunk_order(n_devices, placement)[:, None] * chunk + np.arange(chunk)).reshape(-1)
 
 
-def to_placement(x: jax.typing.ArrayLike, p: int, placement: Placement) -> jax.Array:
+def to_placement(x: jax.typing.ArrayLike, n_devices: int, placement: Placement) -> jax.Array:
     """Reorder a global ``f32[B, S, ...]`` so that splitting axis 1 p ways gives the placement.
 
     Run it before placing the array on the mesh (on the host or one device): reordering an
     already sharded array makes the compiler move tokens between devices.
     """
-    return jnp.take(jnp.asarray(x), token_order(jnp.shape(x)[SEQ_AXIS], p, placement),
+    return jnp.take(jnp.asarray(x), token_order(jnp.shape(x)[SEQ_AXIS], n_devices, placement),
                     axis=SEQ_AXIS)
 
 
-def from_placement(x: jax.typing.ArrayLike, p: int, placement: Placement) -> jax.Array:
+def from_placement(x: jax.typing.ArrayLike, n_devices: int, placement: Placement) -> jax.Array:
     """The inverse of :func:`to_placement`: tokens back in sequence order."""
-    order = token_order(jnp.shape(x)[SEQ_AXIS], p, placement)
+    order = token_order(jnp.shape(x)[SEQ_AXIS], n_devices, placement)
     return jnp.take(jnp.asarray(x), np.argsort(order), axis=SEQ_AXIS)
 
 
@@ -243,12 +243,12 @@ def finish(acc: Accumulator) -> jax.Array:
 
 # --- ring attention (inside shard_map) -------------------------------------------------------
 
-def _positions(device: jax.Array, chunk: int, p: int, placement: Placement) -> jax.Array:
+def _positions(device: jax.Array, chunk: int, n_devices: int, placement: Placement) -> jax.Array:
     """int[c, chunk]: the sequence positions of device ``device``'s c chunks."""
     if placement == "contiguous":
         starts = device[None] * chunk
     else:
-        starts = jnp.stack([device, 2 * p - 1 - device]) * chunk
+        starts = jnp.stack([device, 2 * n_devices - 1 - device]) * chunk
     return starts[:, None] + jnp.arange(chunk)[None, :]
 
 
@@ -348,12 +348,12 @@ def ulysses_attention(q: jax.Array, k: jax.Array, v: jax.Array, axis_name: str, 
 
 # --- whole programs over a mesh --------------------------------------------------------------
 
-def _check_inputs(q: jax.Array, k: jax.Array, v: jax.Array, p: int,
+def _check_inputs(q: jax.Array, k: jax.Array, v: jax.Array, n_devices: int,
                   placement: Placement) -> None:
     if not (q.ndim == 4 and q.shape == k.shape == v.shape):
         raise ValueError(f"q, k, v must be f32[B, S, H, Dh] of one shape; got {q.shape}, "
                          f"{k.shape}, {v.shape}.")
-    check_sequence(q.shape[SEQ_AXIS], p, placement)
+    check_sequence(q.shape[SEQ_AXIS], n_devices, placement)
 
 
 def make_ring_attention(mesh: Mesh, axis_name: str, *, causal: bool,
@@ -420,7 +420,7 @@ def make_ulysses_attention(mesh: Mesh, axis_name: str, *, causal: bool
 
 # --- the formulas ----------------------------------------------------------------------------
 
-def causal_blocks_per_device(p: int, placement: Placement, *, causal: bool = True
+def causal_blocks_per_device(n_devices: int, placement: Placement, *, causal: bool = True
                              ) -> list[int]:
     """Score blocks device i computes, in blocks of (S/(c p))^2 scores (c chunks per device).
 
@@ -430,54 +430,54 @@ def causal_blocks_per_device(p: int, placement: Placement, *, causal: bool = Tru
     mask every device computes all ``(c p) * c`` of its blocks.
 
     Args:
-        p: devices on the ring.
+        n_devices: devices on the ring.
         placement: ``"contiguous"`` or ``"zigzag"``.
         causal: whether the attention is causal.
 
     Returns:
         One count per device, device 0 first.
     """
-    if p < 1:
-        raise ValueError(f"A ring needs at least one device; got p = {p}.")
+    if n_devices < 1:
+        raise ValueError(f"A ring needs at least one device; got n_devices = {n_devices}.")
     c = chunks_per_device(placement)
     if not causal:
-        return [c * c * p] * p
+        return [c * c * n_devices] * n_devices
     if placement == "contiguous":
-        return [i + 1 for i in range(p)]
-    return [2 * p + 1] * p
+        return [i + 1 for i in range(n_devices)]
+    return [2 * n_devices + 1] * n_devices
 
 
-def score_elements_per_device(seq_len: int, p: int, placement: Placement, *,
+def score_elements_per_device(seq_len: int, n_devices: int, placement: Placement, *,
                               causal: bool = True) -> list[int]:
     """Scores computed per device (per batch row and head): blocks x (S/(c p))^2."""
-    check_sequence(seq_len, p, placement)
-    side = seq_len // (chunks_per_device(placement) * p)
-    return [n * side * side for n in causal_blocks_per_device(p, placement, causal=causal)]
+    check_sequence(seq_len, n_devices, placement)
+    side = seq_len // (chunks_per_device(placement) * n_devices)
+    return [n * side * side for n in causal_blocks_per_device(n_devices, placement, causal=causal)]
 
 
-def ring_attention_traffic(batch: int, seq_len: int, n_heads: int, head_dim: int, p: int, *,
+def ring_attention_traffic(batch: int, seq_len: int, n_heads: int, head_dim: int, n_devices: int, *,
                            bytes_per_element: int = 4) -> Traffic:
     """The ring's forward collectives: p-1 collective-permutes of k and v stacked.
 
     Each carries this device's block, ``2 B (S/p) H Dh`` values, and sends all of it: per
     device ``2 B S H Dh (p-1)/p`` values in all, the keys and values of the other devices.
     """
-    check_sequence(seq_len, p, "contiguous")
-    block = 2 * batch * (seq_len // p) * n_heads * head_dim * bytes_per_element
-    n_ops = p - 1
+    check_sequence(seq_len, n_devices, "contiguous")
+    block = 2 * batch * (seq_len // n_devices) * n_heads * head_dim * bytes_per_element
+    n_ops = n_devices - 1
     return Traffic("collective-permute", n_ops, (block,) * n_ops, block * n_ops,
                    float(block * n_ops))
 
 
-def ulysses_traffic(batch: int, seq_len: int, n_heads: int, head_dim: int, p: int, *,
+def ulysses_traffic(batch: int, seq_len: int, n_heads: int, head_dim: int, n_devices: int, *,
                     bytes_per_element: int = 4) -> Traffic:
     """Ulysses' forward collectives: an all-to-all of q, k, v (3 B (S/p) H Dh values) and one
     of the output (B (S/p) H Dh); each sends (p-1)/p of its buffer off the device."""
-    check_sequence(seq_len, p, "contiguous")
-    check_heads(n_heads, p)
-    block = batch * (seq_len // p) * n_heads * head_dim * bytes_per_element
+    check_sequence(seq_len, n_devices, "contiguous")
+    check_heads(n_heads, n_devices)
+    block = batch * (seq_len // n_devices) * n_heads * head_dim * bytes_per_element
     sizes = (3 * block, block)
-    return Traffic("all-to-all", 2, sizes, sum(sizes), sum(sizes) * (p - 1) / p)
+    return Traffic("all-to-all", 2, sizes, sum(sizes), sum(sizes) * (n_devices - 1) / n_devices)
 
 
 def ring_overlap_min_block_tokens(flops_per_s: float, link_bytes_per_s: float, *,

@@ -89,8 +89,8 @@ def stage_forward(stage_params: dict, x: jax.Array) -> jax.Array:
     return x
 
 
-def _shift(p: int, direction: int) -> list[tuple[int, int]]:
-    return [(s, s + direction) for s in range(p) if 0 <= s + direction < p]
+def _shift(n_devices: int, direction: int) -> list[tuple[int, int]]:
+    return [(s, s + direction) for s in range(n_devices) if 0 <= s + direction < n_devices]
 
 
 def _local_grads(axis_name: str, schedule: Schedule) -> Callable:

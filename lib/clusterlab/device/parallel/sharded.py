@@ -134,7 +134,7 @@ def _state_spec(zero_stage: ZeroStage, axis_name: str) -> P:
     return P(None, axis_name) if zero_stage >= 1 else P()
 
 
-def _zero_local_gradients(zero_stage: ZeroStage, unravel: Callable, axis_name: str, p: int,
+def _zero_local_gradients(zero_stage: ZeroStage, unravel: Callable, axis_name: str, n_devices: int,
                           mean: bool) -> Callable:
     """Per device: ``(flat, x, y) -> (loss, grads)``, the gradient this device's optimizer gets.
 
@@ -145,7 +145,7 @@ def _zero_local_gradients(zero_stage: ZeroStage, unravel: Callable, axis_name: s
         if zero_stage == 3:
             loss, grads = jax.value_and_grad(_gathered_loss)(flat, x, y, unravel, axis_name)
             # gather_params' backward summed the devices' gradients: f32[L, F/p]
-            return loss, grads / p if mean else grads
+            return loss, grads / n_devices if mean else grads
         # pcast: differentiate this device's own copy, so the gradient stays its batch shard's
         # until the explicit collective (check_vma would otherwise insert a psum itself)
         local = jax.lax.pcast(flat, axis_name, to="varying")
@@ -290,7 +290,7 @@ def _batch_placer(mesh: Mesh, axis_name: str) -> Callable:
     return place_batch
 
 
-def sent_bytes_per_device(ops: Sequence[hlo.CollectiveOp], n: int) -> float:
+def sent_bytes_per_device(ops: Sequence[hlo.CollectiveOp], n_devices: int) -> float:
     """Bytes a device sends for the collectives of a compiled program, with ring algorithms.
 
     Converts each op's result bytes (as :func:`clusterlab.device.hlo.compiled_collectives`
@@ -301,7 +301,7 @@ def sent_bytes_per_device(ops: Sequence[hlo.CollectiveOp], n: int) -> float:
     Args:
         ops: collectives of one program, e.g. from
             :func:`clusterlab.device.hlo.executed_collectives`.
-        n: the devices each collective spans.
+        n_devices: the devices each collective spans.
 
     Returns:
         Bytes sent per device, summed over the ops.
@@ -313,7 +313,7 @@ def sent_bytes_per_device(ops: Sequence[hlo.CollectiveOp], n: int) -> float:
     for op in ops:
         if op.kind not in names:
             raise ValueError(f"No byte count for collective {op.kind!r}.")
-        size = op.bytes * n if op.kind == "reduce-scatter" else op.bytes
+        size = op.bytes * n_devices if op.kind == "reduce-scatter" else op.bytes
         if size:
-            total += costmodel.collective_steps_and_bytes(names[op.kind], size, n)[1]
+            total += costmodel.collective_steps_and_bytes(names[op.kind], size, n_devices)[1]
     return total
