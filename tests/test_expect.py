@@ -426,6 +426,37 @@ def test_json_document_keys(capsys):
     assert {r["regime"] for r in document["regimes"]} == {r["regime"] for r in document["rows"]}
 
 
+# --- NVL72 racks: an NVLink domain spanning hosts -------------------------------------------------
+
+NVL72_RACK = DATA / "nccl_tests_gb200_nvl72_rack_coreweave43.txt"
+NVL72 = ["--gpu", "GB200", "--nodes", "18", "--gpus-per-node", "4", "--nics-per-node", "4"]
+
+
+def test_a_published_nvl72_rack_run_is_read_and_judged_as_one_nvlink_domain(capsys):
+    # CoreWeave's full-rack log keeps only its last '# Rank' line. Its rows are also the rows
+    # of this regime's band, so "normal" here shows the reading, not an independent check.
+    rows = _json(capsys, "expect", "all_reduce", *NVL72, "--nvlink-domain", "72",
+                 "--measured", str(NVL72_RACK))
+    assert all(r["algorithm"] == "nvls/Simple" for r in rows)
+    assert {r["regime"].split(", ")[0] for r in rows} == {"1 NVLink domain"}
+    assert [r["status"] for r in rows if r["size_bytes"] >= 2**30] == ["normal"] * 4
+
+
+def test_a_rack_described_as_hosts_over_the_network_is_high_and_names_the_fix(capsys):
+    rows = _json(capsys, "expect", "all_reduce", *NVL72, "--measured", str(NVL72_RACK))
+    assert all(r["status"] == "high" for r in rows)
+    assert all("give --nvlink-domain 72" in r["detail"] for r in rows)
+
+
+def test_a_low_run_inside_a_rack_names_mnnvl(capsys, tmp_path):
+    log = tmp_path / "rack.log"
+    log.write_text(f"#  size  busbw\n{8 * 2**30}  85.00\n")
+    row = _json(capsys, "expect", "all_reduce", *NVL72, "--nvlink-domain", "72",
+                "--measured", str(log))[0]
+    assert row["status"] == "low" and row["detail"].startswith("MNNVL off or failing")
+    assert "NCCL_IB_HCA" not in row["detail"]       # no network inside one domain
+
+
 # --- SHARP and transports the model does not price -----------------------------------------------
 
 def test_sharp_runs_collnet_and_nvls_across_nodes_in_their_own_unvalidated_regime(capsys):
@@ -527,6 +558,12 @@ def test_a_log_of_another_collective_is_refused(capsys, tmp_path):
      "give --transport efa"),
     (["--gpu", "H100", "--nodes", "2", "--transport", "efa", "--fabric", "RoCE"],
      "--transport efa crosses AWS EFA, not RoCE"),
+    (["--gpu", "GB200", "--nodes", "18", "--gpus-per-node", "4", "--nvlink-domain", "70"],
+     "give a multiple of gpus_per_node"),
+    (["--gpu", "GB200", "--nodes", "18", "--gpus-per-node", "4", "--nvlink-domain", "72",
+      "--fabric", "InfiniBand"], "and so do the hosts of one NVLink domain"),
+    (["--gpu", "GB200", "--nodes", "18", "--gpus-per-node", "4", "--nvlink-domain", "72",
+      "--sharp"], "--sharp reduces in InfiniBand switches between nodes"),
     (["--gpu", "H100", "--nodes", "2", "--measured", str(DATA / "nccl_tests_h200_1node_nvls0_"
                                                           "stas00.txt"), "--gpus-per-node", "0"],
      "positive integers"),

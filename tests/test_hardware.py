@@ -274,3 +274,28 @@ def test_memory_is_the_measured_total_where_a_source_gives_it():
         assert spec.memory_bytes >= spec.marketed_memory_bytes
         if spec.memory_bytes == spec.marketed_memory_bytes:
             assert "no nvidia-smi total" in spec.source, spec.name
+
+
+def test_a_cluster_of_nvl72_racks_spans_hosts_with_its_nvlink_domain():
+    two = hardware.ClusterSpec.from_rack("GB200 NVL72", n_racks=2)
+    assert (two.n_nodes, two.gpus_per_node, two.nics_per_node) == (36, 4, 4)
+    assert (two.gpus_per_nvlink_domain, two.n_nvlink_domains) == (72, 2)
+    assert "in 2 NVLink domains of 72" in two.describe()
+    # A run inside one rack (2 hosts) lies in one domain of its 8 GPUs.
+    part = hardware.ClusterSpec("GB300", n_nodes=2, gpus_per_node=4, nic="IB-XDR",
+                                nvlink_domain_gpus=72)
+    assert (part.gpus_per_nvlink_domain, part.n_nvlink_domains) == (8, 1)
+    # Without a multi-host domain the domain is the host.
+    dgx = hardware.ClusterSpec.from_node("DGX H100", n_nodes=4)
+    assert (dgx.gpus_per_nvlink_domain, dgx.n_nvlink_domains) == (8, 4)
+
+
+def test_an_nvlink_domain_must_hold_whole_hosts_and_fill_the_cluster():
+    with pytest.raises(ValueError, match="not a whole number of hosts of 4 GPUs; give a "
+                                         "multiple of gpus_per_node"):
+        hardware.ClusterSpec("GB200", n_nodes=18, gpus_per_node=4, nic="IB-NDR",
+                             nvlink_domain_gpus=70)
+    with pytest.raises(ValueError, match="100 GPUs do not fill NVLink domains of 72; give a "
+                                         "node count that fills whole domains \\(18 hosts"):
+        hardware.ClusterSpec("GB200", n_nodes=25, gpus_per_node=4, nic="IB-NDR",
+                             nvlink_domain_gpus=72)

@@ -430,6 +430,9 @@ class ClusterSpec:
     sharp: bool = False                          # in-network reduction (InfiniBand SHARP)
     storage_read_bytes_per_s: float | None = None  # shared storage, sustained, whole cluster
     name: str = ""                               # a label for tables
+    nvlink_domain_gpus: int | None = None        # GPUs of one NVLink domain spanning hosts
+    #                                              (72: an NVL72 rack of 4-GPU hosts); None:
+    #                                              the domain ends at the host
 
     def __post_init__(self) -> None:
         if isinstance(self.gpu, str):
@@ -456,6 +459,35 @@ class ClusterSpec:
             raise ValueError(f"A cluster of {self.n_nodes} nodes needs a network: give nic "
                              f"(a name in hardware.LINKS, e.g. 'IB-NDR') or "
                              f"network_bytes_per_s.")
+        if self.nvlink_domain_gpus is not None:
+            self._check_nvlink_domain()
+
+    def _check_nvlink_domain(self) -> None:
+        """An NVLink domain holds whole hosts, and the cluster holds whole domains (or lies
+        inside one)."""
+        domain = _checks.count("nvlink_domain_gpus", self.nvlink_domain_gpus)
+        if domain % self.gpus_per_node:
+            raise ValueError(f"nvlink_domain_gpus={domain} is not a whole number of hosts of "
+                             f"{self.gpus_per_node} GPUs; give a multiple of gpus_per_node "
+                             f"(an NVL72 rack of 4-GPU hosts: 72).")
+        if self.n_gpus % self.gpus_per_nvlink_domain:
+            hosts = domain // self.gpus_per_node
+            raise ValueError(f"{self.n_gpus} GPUs do not fill NVLink domains of {domain}; give "
+                             f"a node count that fills whole domains ({hosts} hosts each), or "
+                             "the GPUs per domain the run used as nvlink_domain_gpus.")
+
+    @classmethod
+    def from_rack(cls, system: Rack | str, n_racks: int = 1, **changes) -> ClusterSpec:
+        """``n_racks`` of a catalog rack (:data:`RACKS`): its compute trays are the hosts, its
+        NVLink domain spans them, and its back-end NICs join the racks."""
+        spec = system if isinstance(system, Rack) else rack(system)
+        _checks.count("n_racks", n_racks)
+        fields = dict(gpu=spec.gpu, n_nodes=n_racks * spec.compute_trays,
+                      gpus_per_node=spec.gpus_per_tray, nic=spec.nic,
+                      nics_per_node=spec.nics_per_tray,
+                      nvlink_domain_gpus=spec.nvlink_domain_gpus,
+                      name=f"{n_racks} x {spec.name}")
+        return cls(**(fields | changes))
 
     @classmethod
     def from_node(cls, server: Node | str, n_nodes: int = 1, **changes) -> ClusterSpec:
@@ -469,6 +501,19 @@ class ClusterSpec:
     @property
     def n_gpus(self) -> int:
         return self.n_nodes * self.gpus_per_node
+
+    @property
+    def gpus_per_nvlink_domain(self) -> int:
+        """GPUs that reach each other over NVLink: the host's, or the domain's where it spans
+        hosts (all of the cluster's GPUs where the cluster lies inside one domain)."""
+        if self.nvlink_domain_gpus is None:
+            return self.gpus_per_node
+        return min(self.nvlink_domain_gpus, self.n_gpus)
+
+    @property
+    def n_nvlink_domains(self) -> int:
+        """NVLink domains in the cluster: the hosts, or the multi-host domains (NVL72 racks)."""
+        return self.n_gpus // self.gpus_per_nvlink_domain
 
     @property
     def node_link_bytes_per_s(self) -> float:
@@ -498,6 +543,10 @@ class ClusterSpec:
         """One line, e.g. ``32 x H100 (4 nodes of 8), 8 x IB-NDR (400 Gb/s per port) per node``."""
         nodes = f"{self.n_nodes} node{'s' if self.n_nodes > 1 else ''}"
         text = f"{self.n_gpus} x {self.gpu.name} ({nodes} of {self.gpus_per_node})"
+        if self.gpus_per_nvlink_domain > self.gpus_per_node:
+            text += (f" in {self.n_nvlink_domains} NVLink domain"
+                     f"{'s' if self.n_nvlink_domains > 1 else ''} of "
+                     f"{self.gpus_per_nvlink_domain}")
         if self.network_bytes_per_s is not None:
             return text + f", {self.network_bytes_per_s * 8 / 1e9:g} Gb/s per node"
         if self.nic is not None:

@@ -93,6 +93,9 @@ def _expect_parser(commands) -> None:
                         help="GPU name in clusterlab.catalog.hardware, e.g. H100")
     expect.add_argument("--nodes", type=int, required=True, help="nodes")
     expect.add_argument("--gpus-per-node", type=int, default=8, help="GPUs per node (8)")
+    expect.add_argument("--nvlink-domain", type=int, default=None, metavar="GPUS",
+                        help="GPUs per NVLink domain where it spans hosts (72: an NVL72 rack "
+                             "of 4-GPU hosts; NCCL's MNNVL); default: the node's GPUs")
     expect.add_argument("--nic", default=None,
                         help="NIC link in clusterlab.catalog.hardware.LINKS "
                              f"({expect_module.DEFAULT_NIC} when --nodes > 1)")
@@ -135,15 +138,17 @@ def _sizes(text: str) -> list[int]:
     return sizes
 
 
-def _fabric_options(args: argparse.Namespace) -> None:
+def _fabric_options(args: argparse.Namespace, cluster: hardware.ClusterSpec) -> None:
     """Refuse network options the configuration cannot have (--fabric, --transport, --sharp, a
-    CollNet --algorithm), naming the fix."""
+    CollNet --algorithm), naming the fix. Hosts of one NVLink domain (--nvlink-domain) cross
+    NVLink only, as one node does."""
+    domains = cluster.n_nvlink_domains
     if args.algorithm.startswith("collnet") and not args.sharp:
         raise ValueError(f"--algorithm {args.algorithm} reduces in the InfiniBand switches "
                          "(NCCL CollNet over SHARP): give --sharp too (a run with "
                          "NCCL_COLLNET_ENABLE=1 and the SHARP plugin), or another --algorithm.")
     infiniband = (args.nic or "IB-").startswith("IB-") and args.fabric in (None, "InfiniBand")
-    if args.sharp and (args.nodes == 1 or not infiniband or args.transport != "ib"):
+    if args.sharp and (domains == 1 or not infiniband or args.transport != "ib"):
         raise ValueError("--sharp reduces in InfiniBand switches between nodes (NCCL reaches "
                          "SHARP through nccl-rdma-sharp-plugins): give --nodes > 1 with an IB-* "
                          "--nic and --transport ib, or drop --sharp (inside one node NVLS, "
@@ -157,12 +162,13 @@ def _fabric_options(args: argparse.Namespace) -> None:
     if args.fabric is None:
         return
     one_node = args.fabric in ("NVLink", "PCIe")
-    if args.nodes == 1 and not one_node:
+    if domains == 1 and not one_node:
         raise ValueError(f"--fabric {args.fabric} is a network between nodes; one node crosses "
-                         "NVLink or PCIe (give --fabric NVLink, or --nodes > 1).")
-    if args.nodes > 1 and one_node:
-        raise ValueError(f"--fabric {args.fabric} is a link inside a node; {args.nodes} nodes "
-                         "cross InfiniBand, RoCE, EFA or Ethernet.")
+                         "NVLink or PCIe, and so do the hosts of one NVLink domain (give "
+                         "--fabric NVLink, or more --nodes).")
+    if domains > 1 and one_node:
+        raise ValueError(f"--fabric {args.fabric} is a link inside a node; {domains} nodes (or "
+                         "NVLink domains) cross InfiniBand, RoCE, EFA or Ethernet.")
     pcie = (args.node_link or "").startswith("PCIe")
     if args.fabric == "PCIe" and not pcie:
         raise ValueError("--fabric PCIe needs the PCIe link the GPUs share: give --node-link "
@@ -191,10 +197,11 @@ def _expect(args: argparse.Namespace) -> None:
         raise ValueError("--nodes and --gpus-per-node must be positive integers.")
     if args.transport == "efa" and args.fabric is None:
         args.fabric = "EFA"     # EFA's published rows set the band of an EFA run
-    _fabric_options(args)
     cluster = expect_module.cluster_from_options(args.gpu, args.nodes, args.gpus_per_node,
                                                  nic=args.nic, nics_per_node=args.nics_per_node,
-                                                 node_link=args.node_link, sharp=args.sharp)
+                                                 node_link=args.node_link, sharp=args.sharp,
+                                                 nvlink_domain=args.nvlink_domain)
+    _fabric_options(args, cluster)
     measurement = None
     if args.measured:
         name = "standard input" if args.measured == "-" else args.measured

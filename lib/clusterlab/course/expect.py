@@ -359,9 +359,16 @@ def check_transport(transport: str, op: str, sizes, cluster: hardware.ClusterSpe
                              f"{fabric} (add them with their source).")
 
 
-def low_causes(op: str, nbytes: int, *, nodes: int, fabric: str, algorithm: str) -> str:
-    """The usual reasons a busbw is low in this configuration, most likely first."""
+def low_causes(op: str, nbytes: int, *, nodes: int, fabric: str, algorithm: str,
+               multi_host_domain: bool = False) -> str:
+    """The usual reasons a busbw is low in this configuration, most likely first
+    (``multi_host_domain``: the NVLink domain spans hosts, NCCL's MNNVL)."""
     causes = []
+    if multi_host_domain:
+        causes.append("MNNVL off or failing (NCCL_MNNVL_ENABLE; NCCL 2.30.7 warns 'MNNVL ... "
+                      "is available but not working': check the IMEX channels, "
+                      "/dev/nvidia-caps-imex-channels, and nvidia-imex-ctl -N), so the hosts "
+                      "talk over the NICs")
     if nbytes < 2**20:
         causes.append("latency-bound size: launch overhead (try nccl-tests -G 1, CUDA graphs), "
                       "CPU/NUMA binding of the ranks, NCCL_PROTO without LL/LL128")
@@ -422,11 +429,18 @@ def verdict(measured_gbps: float, estimate: costmodel.CollectiveEstimate, *,
     low, high = estimate.low_busbw / 1e9, estimate.high_busbw / 1e9
     if measured_gbps < round(low, 2):
         status = "low"
-        detail = low_causes(estimate.op, int(estimate.nbytes), nodes=estimate.n_nodes,
-                            fabric=estimate.regime.fabric, algorithm=estimate.algorithm)
+        # Hosts of one NVLink domain cross no network: their causes are one node's.
+        inside = estimate.regime.fabric in ("NVLink", "PCIe")
+        detail = low_causes(estimate.op, int(estimate.nbytes),
+                            nodes=1 if inside else estimate.n_nodes,
+                            fabric=estimate.regime.fabric, algorithm=estimate.algorithm,
+                            multi_host_domain="NVLink domain" in estimate.regime.nodes)
     elif measured_gbps > round(high * (1 + costmodel.BAND_MARGIN), 2):
         status = "high"
         detail = "above line rate, in-network reduction (NVLS, SHARP) or a tree on 2 nodes"
+        if estimate.n_nodes > 1 and estimate.regime.fabric not in ("NVLink", "PCIe"):
+            detail += ("; or hosts in one NVLink domain (an NVL72 rack: give --nvlink-domain "
+                       "72)")
     else:
         status, detail = "normal", ""
     return status, _head(status, estimate, regime_rows) + (f": {detail}" if detail else "")
@@ -448,7 +462,8 @@ def _regime_info(where: costmodel.Regime) -> dict:
 
 def cluster_from_options(gpu: hardware.GPU | str, nodes: int, gpus_per_node: int = 8, *,
             nic: str | None = None, nics_per_node: int | None = None,
-            node_link: str | None = None, sharp: bool = False) -> hardware.ClusterSpec:
+            node_link: str | None = None, sharp: bool = False,
+            nvlink_domain: int | None = None) -> hardware.ClusterSpec:
     """The cluster ``expect`` prices, from its options; ``nic`` is :data:`DEFAULT_NIC` between
     nodes when none is named.
 
@@ -459,6 +474,8 @@ def cluster_from_options(gpu: hardware.GPU | str, nodes: int, gpus_per_node: int
         node_link: ``--node-link``: a link in ``hardware.LINKS`` replacing the GPU's NVLink.
         sharp: ``--sharp``: the InfiniBand switches reduce (NCCL CollNet, and NVLS across
             nodes).
+        nvlink_domain: ``--nvlink-domain``: GPUs per NVLink domain where it spans hosts (72:
+            an NVL72 rack); None: the node's.
 
     Returns:
         The :class:`~clusterlab.catalog.hardware.ClusterSpec`.
@@ -467,7 +484,7 @@ def cluster_from_options(gpu: hardware.GPU | str, nodes: int, gpus_per_node: int
         nic = DEFAULT_NIC
     return hardware.ClusterSpec(gpu=gpu, n_nodes=nodes, gpus_per_node=gpus_per_node, nic=nic,
                                 nics_per_node=nics_per_node, intra_node_link=node_link,
-                                sharp=sharp)
+                                sharp=sharp, nvlink_domain_gpus=nvlink_domain)
 
 
 def verdicts(op: str, sizes, cluster: hardware.ClusterSpec, *, fabric: str | None = None,
@@ -572,10 +589,10 @@ def report(rows: list[dict], op: str, cluster: hardware.ClusterSpec, *,
 
     The JSON document (``expect --json``) holds ``nccl_release`` (the NCCL release whose tuning
     model priced the rows), ``configuration`` (op, gpu, nodes, gpus_per_node, nic,
-    nics_per_node, sharp, transport, algorithm), ``regimes`` (:func:`regimes`), ``measured``
-    (None, or the run's ``format``, ``op``, ``nccl_version``, ``ranks``, ``hosts``,
-    ``report_complete`` and ``devices`` as :class:`Measurement` reads them) and ``rows``
-    (:func:`verdicts`).
+    nics_per_node, nvlink_domain_gpus, sharp, transport, algorithm), ``regimes``
+    (:func:`regimes`), ``measured`` (None, or the run's ``format``, ``op``, ``nccl_version``,
+    ``ranks``, ``hosts``, ``report_complete`` and ``devices`` as :class:`Measurement` reads
+    them) and ``rows`` (:func:`verdicts`).
     """
     found = regimes(rows)
     nodes, gpus_per_node, gpu = cluster.n_nodes, cluster.gpus_per_node, cluster.gpu.name
@@ -589,11 +606,15 @@ def report(rows: list[dict], op: str, cluster: hardware.ClusterSpec, *,
                            "configuration": {"op": op, "gpu": gpu, "nodes": nodes,
                                              "gpus_per_node": gpus_per_node, "nic": cluster.nic,
                                              "nics_per_node": cluster.nics_per_node,
+                                             "nvlink_domain_gpus":
+                                                 cluster.gpus_per_nvlink_domain,
                                              "sharp": cluster.sharp, "transport": transport,
                                              "algorithm": algorithm},
                            "regimes": found, "measured": measured, "rows": rows}, indent=1)
     net = ("" if nodes == 1
            else f", {cluster.nics_per_node or gpus_per_node} x {cluster.nic} per node"
+           + (f", NVLink domains of {cluster.gpus_per_nvlink_domain} GPUs"
+              if cluster.gpus_per_nvlink_domain > gpus_per_node else "")
            + (", SHARP" if cluster.sharp else "")
            + ("" if transport == "ib" else f", transport {transport}"))
     forced = "" if algorithm == "auto" else f", NCCL_ALGO={algorithm}"

@@ -14,7 +14,7 @@ against the published rows and sets the band.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 from clusterlab import _checks
@@ -96,6 +96,22 @@ def regime(op: str, nbytes: float, n_nodes: int, fabric: FabricKind, *,
                   SIZE_CLASSES[(nbytes >= 2**20) + (nbytes >= 2**30)])
 
 
+def cluster_regime(estimate: CollectiveEstimate, cluster: hardware.ClusterSpec,
+                   fabric: FabricKind | None = None) -> Regime:
+    """The :class:`Regime` of an estimate on ``cluster``: its nodes counted as NCCL counts them
+    (:func:`nccl_nodes`: NVLink domains where they span hosts, "1 NVLink domain" ...), the
+    fabric (default: NVLink/PCIe inside one domain, else by the NIC's name), and ``+ SHARP``
+    where the switches reduce."""
+    view = nccl_nodes(cluster)
+    kind = "pcie" if (cluster.intra_node_link or "").startswith("PCIe") else "nvlink"
+    where = regime(estimate.op, estimate.nbytes, view.n_nodes,
+                   fabric or fabric_of(cluster.nic, view.n_nodes, kind),
+                   in_network=reduces_in_network(estimate.algorithm, view.n_nodes))
+    if view is cluster:
+        return where
+    return replace(where, nodes=nccl_tests.domain_class(view.n_nodes))
+
+
 def reduces_in_network(algorithm: str, n_nodes: int) -> bool:
     """Whether NCCL's ``algorithm`` reduces in the network's switches (InfiniBand SHARP): CollNet
     always, NVLS across nodes (NCCL 2.30.7 runs it only with CollNet, tuning.cc:503-505)."""
@@ -173,6 +189,33 @@ class _NodeLinks:
     @property
     def net_line(self) -> float:
         return self.nic_line * self.nics
+
+
+def nccl_nodes(cluster: hardware.ClusterSpec) -> hardware.ClusterSpec:
+    """The cluster as NCCL 2.30.7 counts its nodes: one per NVLink domain.
+
+    Where an NVLink domain spans hosts (MNNVL: an NVL72 rack of 4-GPU trays), NCCL fuses the
+    topologies of a clique's hosts into one (src/graph/topo.cc:1887-1890, ncclTopoGetSystem),
+    so its search finds graphs over the whole domain, and it counts one node per domain
+    (src/init.cc:1285-1296; init.cc:878 sets nNvlDomains = nNodes). Its tuning model then
+    prices a domain as one node of that many GPUs with all of its hosts' NICs: NVLink (and
+    NVLS) inside a domain, the NICs between domains.
+
+    Args:
+        cluster: the cluster.
+
+    Returns:
+        ``cluster`` itself where domains end at the host; else one "node" per domain.
+    """
+    hosts = cluster.gpus_per_nvlink_domain // cluster.gpus_per_node
+    if hosts == 1:
+        return cluster
+    nics = cluster.gpus_per_node if cluster.nics_per_node is None else cluster.nics_per_node
+    network = cluster.network_bytes_per_s
+    return replace(cluster, n_nodes=cluster.n_nvlink_domains,
+                   gpus_per_node=cluster.gpus_per_nvlink_domain, nics_per_node=nics * hosts,
+                   network_bytes_per_s=None if network is None else network * hosts,
+                   nvlink_domain_gpus=None)
 
 
 def _compute_capability(cluster: hardware.ClusterSpec) -> int:
@@ -331,16 +374,17 @@ def estimate(op: str, nbytes: float, cluster: hardware.ClusterSpec, *, algorithm
     if cluster.n_gpus == 1:
         return _unbanded(op, nbytes, cluster, time_s=0.0, algorithm="none", protocol="none",
                          high_busbw=math.inf, bottleneck="none")
-    links = _node_links(cluster)
-    topo = _topology(cluster, links)
+    view = nccl_nodes(cluster)
+    links = _node_links(view)
+    topo = _topology(view, links)
     if op == "all_to_all":
         if algorithm not in ("auto", "pairwise"):
             raise ValueError(f"NCCL runs all_to_all as grouped send/receive; use "
                              f"algorithm='auto' or 'pairwise', not {algorithm!r}.")
-        seconds, latency, bound = _all_to_all(nbytes, links, topo, cluster)
+        seconds, latency, bound = _all_to_all(nbytes, links, topo, view)
         bound = "latency" if latency + LAUNCH_OVERHEAD_S > seconds / 2 else bound
         return _unbanded(op, nbytes, cluster, time_s=seconds, algorithm="pairwise",
-                         protocol="Simple", high_busbw=_high_busbw(op, "ring", links, cluster),
+                         protocol="Simple", high_busbw=_high_busbw(op, "ring", links, view),
                          bottleneck=bound)
     # NCCL picks by its own model (ncclTopoGetAlgoTime); the pick then also pays its pipeline's
     # fill, which that model leaves out (so the fill never changes the pick).
@@ -349,7 +393,7 @@ def estimate(op: str, nbytes: float, cluster: hardware.ClusterSpec, *, algorithm
     seconds, best = min(timed, key=lambda pair: pair[0])
     seconds += _nccl.fill_time_us(topo, best, nbytes, PIPELINE_FILL_CHUNKS) * 1e-6
     latency = best.latency_us * 1e-6 + LAUNCH_OVERHEAD_S
-    high = _high_busbw(op, best.algorithm, links, cluster)
+    high = _high_busbw(op, best.algorithm, links, view)
     bus = nbytes / seconds * busbw_factor(op, cluster.n_gpus)
     return _unbanded(op, nbytes, cluster, time_s=seconds, algorithm=best.algorithm,
                      protocol=best.protocol, high_busbw=max(high, bus),

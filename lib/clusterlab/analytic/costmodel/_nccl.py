@@ -223,10 +223,17 @@ def graphs(*, compcap: int, n_nodes: int, gpus_per_node: int, intra_gbps: float,
     tree_graph = Graph(channels, max(above, default=speed), speed)
     nvls = None
     if nvswitch and compcap >= 90 and g >= 2:
-        heads = min(g, nics_per_node)
-        head_speed = next((s for s in speeds if s <= nics_per_node * nic_gbps / heads),
-                          speeds[-1])
-        nvls = Graph(heads, head_speed, head_speed)
+        # One head per NIC-attached GPU, at most NCCL_MAX_NVLS_ARITY (search.cc:1125-1127).
+        heads = min(g, nics_per_node, _NVLS_MAX_ARITY)
+        # A head sends through its own GPU's NICs (all of them where a GPU has several). Each
+        # NVLS channel loads every GPU's NVLink (ncclTopoSearchTryNvls, search.cc:410-441), so
+        # the channels together fit in one GPU's NVLink; pass 2 then raises bwInter while it
+        # is below twice bwIntra (search.cc:1274-1277), up to the head's NICs.
+        head_nics = max(1, nics_per_node // g) * nic_gbps
+        speed = next((s for s in speeds if s <= head_nics and s * heads <= intra_gbps),
+                     speeds[-1])
+        inter = max((s for s in speeds if s <= min(2 * speed, head_nics)), default=speed)
+        nvls = Graph(heads, speed, inter)
     collnet = tree_graph if sharp else None
     # For the label only: compare line rates. NCCL counts a PCIe Gen3 x16 link as 12 of its
     # 15.75 GB/s (topo.h PCI_BW), the same share for later generations.

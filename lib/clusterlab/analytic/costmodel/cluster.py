@@ -87,11 +87,7 @@ def cluster_collective(op: ClusterOp, nbytes: float, cluster: hardware.ClusterSp
 def _with_regime_band(estimate: CollectiveEstimate, spec: hardware.ClusterSpec,
                       fabric: FabricKind | None) -> CollectiveEstimate:
     """The estimate with its validation regime and the band its published rows set."""
-    kind = "pcie" if (spec.intra_node_link or "").startswith("PCIe") else "nvlink"
-    where = _model.regime(estimate.op, estimate.nbytes, spec.n_nodes,
-                          fabric or _model.fabric_of(spec.nic, spec.n_nodes, kind),
-                          in_network=_model.reduces_in_network(estimate.algorithm,
-                                                               spec.n_nodes))
+    where = _model.cluster_regime(estimate, spec, fabric)
     return validation.with_band(estimate, where)
 
 

@@ -17,7 +17,7 @@ from typing import Sequence
 import numpy as np
 
 from clusterlab.analytic.costmodel import _model
-from clusterlab.analytic.costmodel._model import CollectiveEstimate, Regime, regime
+from clusterlab.analytic.costmodel._model import CollectiveEstimate, Regime
 from clusterlab.analytic.costmodel.alpha_beta import busbw_factor
 from clusterlab.catalog import hardware
 from clusterlab.catalog.published import nccl_tests
@@ -73,16 +73,17 @@ def _row_cluster(row: nccl_tests.PublishedRow) -> hardware.ClusterSpec:
     return hardware.ClusterSpec(gpu=row.gpu, n_nodes=row.n_nodes,
                                 gpus_per_node=row.gpus_per_node, nic=row.nic,
                                 nics_per_node=row.nics_per_node or None,
-                                intra_node_bytes_per_s=row.intra_node_link_bytes_per_s)
+                                intra_node_bytes_per_s=row.intra_node_link_bytes_per_s,
+                                nvlink_domain_gpus=row.nvlink_domain_gpus)
 
 
 def _model_row(row: nccl_tests.PublishedRow) -> ValidationRow:
-    estimate = _model.estimate(row.op, row.size_bytes, _row_cluster(row),
-                               algorithm=row.algorithm)
+    cluster = _row_cluster(row)
+    estimate = _model.estimate(row.op, row.size_bytes, cluster, algorithm=row.algorithm)
     return ValidationRow(system=row.system, op=row.op, size_bytes=row.size_bytes,
                          published_gbps=row.busbw_gbps, model_gbps=estimate.busbw / 1e9,
                          model_algorithm=estimate.algorithm, role=row.role, source=row.source,
-                         regime=regime(row.op, row.size_bytes, row.n_nodes, row.fabric),
+                         regime=_model.cluster_regime(estimate, cluster, row.fabric),
                          provenance=row.provenance, nccl_version=row.nccl_version,
                          published_algorithm=row.algorithm)
 

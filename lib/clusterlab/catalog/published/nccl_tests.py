@@ -61,6 +61,8 @@ PROVENANCES = (FULL_TABLE, OTHER_TOOL, MAINTAINER, USER_STATEMENT)
 FABRICS = ("NVLink", "InfiniBand", "RoCE", "EFA", "Ethernet")
 ROLES = ("set", "test", "unhealthy")
 NODE_CLASSES = ("1 node", "2 nodes", ">2 nodes")
+#: Where an NVLink domain spans hosts (an NVL72 rack), its domains are counted instead.
+DOMAIN_CLASSES = ("1 NVLink domain", "2 NVLink domains", ">2 NVLink domains")
 OP_FAMILIES = ("all_reduce", "all_gather/reduce_scatter", "all_to_all")
 _OP_FAMILY = {"all_reduce": "all_reduce", "all_gather": "all_gather/reduce_scatter",
               "reduce_scatter": "all_gather/reduce_scatter", "all_to_all": "all_to_all"}
@@ -69,6 +71,11 @@ _OP_FAMILY = {"all_reduce": "all_reduce", "all_gather": "all_gather/reduce_scatt
 def node_class(n_nodes: int) -> str:
     """``"1 node"``, ``"2 nodes"`` or ``">2 nodes"``."""
     return "1 node" if n_nodes == 1 else "2 nodes" if n_nodes == 2 else ">2 nodes"
+
+
+def domain_class(n_domains: int) -> str:
+    """``"1 NVLink domain"``, ``"2 NVLink domains"`` or ``">2 NVLink domains"``."""
+    return DOMAIN_CLASSES[NODE_CLASSES.index(node_class(n_domains))]
 
 
 def op_family(op: str) -> str:
@@ -98,11 +105,23 @@ class PublishedRow(NamedTuple):
     nccl_version: str | None = None   # as the source states it, else None
     stated: str = ""       # the configuration as the source states it
     inferred: str = ""     # what this file assumed beyond it ("" if nothing)
+    nvlink_domain_gpus: int | None = None   # GPUs per NVLink domain spanning hosts (MNNVL)
+
+    @property
+    def n_nvlink_domains(self) -> int:
+        """The row's NVLink domains: its hosts, or its multi-host domains (NVL72 racks)."""
+        gpus = self.n_nodes * self.gpus_per_node
+        return self.n_nodes if self.nvlink_domain_gpus is None else gpus // min(
+            self.nvlink_domain_gpus, gpus)
 
     @property
     def regime(self) -> tuple[str, str, str]:
-        """(nodes: "1 node" | "2 nodes" | ">2 nodes", fabric, op family)."""
-        return node_class(self.n_nodes), self.fabric, op_family(self.op)
+        """(nodes: "1 node" | "2 nodes" | ">2 nodes", fabric, op family); where an NVLink
+        domain spans hosts, the domains are counted ("1 NVLink domain", ...), as NCCL counts
+        its nodes."""
+        if self.nvlink_domain_gpus is None:
+            return node_class(self.n_nodes), self.fabric, op_family(self.op)
+        return domain_class(self.n_nvlink_domains), self.fabric, op_family(self.op)
 
 
 _STAS00 = "https://github.com/stas00/ml-engineering/blob/master/network/README.md"
@@ -404,39 +423,62 @@ ROWS += [
 # -n 50, NCCL 2.28.7+cuda13.0, on BM.GPU.GB300.4 hosts (4 GB300 each; the doc's hardware table:
 # "RDMA (ROCe) NICs 8 x 400 Gbps"), launched with NCCL_MNNVL_ENABLE=1. A GB300 NVL72 rack is one
 # NVLink domain of up to 18 such hosts; NCCL's multi-node NVLink (MNNVL) runs hosts of one rack
-# over NVLink only, so the rows inside one rack are recorded as one NVLink "node" of 8 or 64 GPUs,
-# and the 2-rack run as 2 "nodes" (racks) of 64 GPUs joined by RoCE.
+# over NVLink only. The rows give the hosts, and the GPUs of the run's NVLink domain
+# (nvlink_domain_gpus: 8 or 64 in one rack, 64 per rack in the 2-rack run joined by RoCE).
 _OCI_GB300 = ("https://github.com/oracle-quickstart/oci-gpu-quickstarts/blob/"
               "2631bee55a3a373b013bd62a0e56ce70d921ff3e/nvidia/GB300/README-GB300.md")
 _OCI_GB300_STATED = ("OCI BM.GPU.GB300.4 (4x GB300 per host, 8x 400 Gb/s RoCE NICs per host), "
                      "alltoall_perf -b 512K -e 16G -f 2 -g 1 -n 50, NCCL 2.28.7, "
                      "NCCL_MNNVL_ENABLE=1")
 _SIZES_5 = (1 * MIB, 16 * MIB, 128 * MIB, 1 * GIB)
-for _label, _gpus, _where, _busbw, _inferred in (
-        ("1 host (4x GB300)", 4, "NCCL All-to-All Single Node",
-         [46.92, 268.80, 459.81, 553.75, 627.69], ""),
-        ("2 hosts of 4x GB300 in one NVL72 rack (MNNVL)", 8,
+ROWS += _table("OCI GB300, 1 host (4x GB300), all-to-all", "all_to_all", "GB300", 1, 4, None, 0,
+               list(zip((*_SIZES_5, 16 * GIB), [46.92, 268.80, 459.81, 553.75, 627.69])),
+               source=_OCI_GB300 + " (section NCCL All-to-All Single Node)",
+               provenance=FULL_TABLE, fabric="NVLink", nccl_version="2.28.7",
+               stated="1 host (4x GB300); " + _OCI_GB300_STATED, inferred="")
+for _label, _hosts, _where, _busbw in (
+        ("2 hosts of 4x GB300 in one NVL72 rack (MNNVL)", 2,
          "NCCL All to All Scale Performance 2 Hosts Single Rack",
-         [52.76, 290.88, 515.87, 630.39, 685.06],
-         "the 2 hosts of one rack as one NVLink node of 8 GPUs (MNNVL: one NVLink domain)"),
-        ("16 hosts of 4x GB300 in one NVL72 rack (MNNVL)", 64,
+         [52.76, 290.88, 515.87, 630.39, 685.06]),
+        ("16 hosts of 4x GB300 in one NVL72 rack (MNNVL)", 16,
          "NCCL All to All Scale Performance 16 Hosts 1 Rack",
-         [33.33, 130.27, 497.18, 651.23, 666.92],
-         "the 16 hosts of one rack as one NVLink node of 64 GPUs (MNNVL: one NVLink domain)")):
-    ROWS += _table(f"OCI GB300, {_label}, all-to-all", "all_to_all", "GB300", 1, _gpus, None, 0,
-                   list(zip((*_SIZES_5, 16 * GIB), _busbw)),
+         [33.33, 130.27, 497.18, 651.23, 666.92])):
+    ROWS += _table(f"OCI GB300, {_label}, all-to-all", "all_to_all", "GB300", _hosts, 4,
+                   "Ethernet-400G", 8, list(zip((*_SIZES_5, 16 * GIB), _busbw)),
                    source=_OCI_GB300 + f" (section {_where})", provenance=FULL_TABLE,
-                   fabric="NVLink", nccl_version="2.28.7",
-                   stated=f"{_label}; " + _OCI_GB300_STATED, inferred=_inferred)
+                   fabric="NVLink", nccl_version="2.28.7", nvlink_domain_gpus=4 * _hosts,
+                   stated=f"{_label}; " + _OCI_GB300_STATED,
+                   inferred="that MNNVL joins the hosts of the run in one NVLink domain "
+                            "(NCCL_MNNVL_ENABLE=1, one rack)")
 ROWS += _table("OCI GB300, 32 hosts in 2 NVL72 racks, RoCE between racks, all-to-all",
-               "all_to_all", "GB300", 2, 64, "Ethernet-400G", 128,
+               "all_to_all", "GB300", 32, 4, "Ethernet-400G", 8,
                list(zip((*_SIZES_5, 16 * GIB), [2.06, 22.05, 44.71, 47.68, 47.67])),
                source=_OCI_GB300 + " (section NCCL All to All Scale Performance 32 Hosts 2 "
                                    "Racks)",
                provenance=FULL_TABLE, fabric="RoCE", nccl_version="2.28.7",
+               nvlink_domain_gpus=64,
                stated="32 hosts in 2 racks (128 ranks); " + _OCI_GB300_STATED,
-               inferred="each rack (16 hosts, 64 GPUs, MNNVL) as one node and its 16 x 8 = 128 "
-                        "RoCE NICs as that node's NICs; that the racks talk over the RoCE NICs")
+               inferred="16 hosts (64 GPUs) of each rack in one NVLink domain (MNNVL); that "
+                        "the racks talk over the RoCE NICs")
+
+# CoreWeave's nccl-tests, pull request 43 (NavarrePratt, 2025-02-20, "feat(slurm): Add a GB200
+# NVL72 example"), "Example output for a full nvl72 rack run": all_reduce_perf on 72 ranks (its
+# device report trimmed to "#  Rank 71 ... on slurm-gb200-207-171 device 3"), the slurm script's
+# 18 nodes x 4 tasks (slurm/nccl-test-distributed-gb200-nvl72-enroot.slurm: NCCL_MNNVL_ENABLE=1,
+# NCCL_IB_HCA=ibp), out-of-place busbw from 512 MiB to 8 GiB. The PR's multi-rack table (144
+# ranks) is not reproduced here: only its first lines could be read.
+_CW43 = "https://github.com/coreweave/nccl-tests/pull/43"
+ROWS += _table("GB200 NVL72, one full rack (18 hosts of 4, MNNVL), CoreWeave", "all_reduce",
+               "GB200", 18, 4, "IB-NDR", 4,
+               [(512 * MIB, 586.06), (1 * GIB, 681.17), (2 * GIB, 757.78), (4 * GIB, 839.16),
+                (8 * GIB, 834.57)],
+               source=_CW43 + " (description, 'Example output for a full nvl72 rack run')",
+               provenance=FULL_TABLE, fabric="NVLink", nvlink_domain_gpus=72,
+               stated="full NVL72 rack run, 72 ranks (last '# Rank 71' line kept), "
+                      "all_reduce_perf 512M..8G",
+               inferred="18 hosts x 4 GPUs and MNNVL from the PR's slurm script; NICs (4 x "
+                        "400 Gb/s InfiniBand per tray, as the DGX GB200 user guide states: "
+                        "unused inside one domain); NCCL version not stated")
 
 # nccl#2169 (erfiboy, 2026-05-11, a question: alltoall busbw drops ~12-15% just above 512 MB),
 # comment with "NCCL v2.30.4": one node of 4 H100 80GB HBM3, alltoall_perf -b 500M -e 524M -g 1
@@ -568,7 +610,7 @@ def rows_in(regime: tuple[str | None, str | None, str | None] | None = None, *,
     for i, value in enumerate((nodes, fabric, op)):
         if value is not None:
             want[i] = value
-    for value, allowed, name in zip(want, (NODE_CLASSES, FABRICS, OP_FAMILIES),
+    for value, allowed, name in zip(want, (NODE_CLASSES + DOMAIN_CLASSES, FABRICS, OP_FAMILIES),
                                     ("nodes", "fabric", "op family")):
         if value is not None and value not in allowed:
             raise ValueError(f"{name} must be one of {allowed}, got {value!r}.")
@@ -589,10 +631,13 @@ def regimes(role: str | None = None) -> dict[tuple[str, str, str], int]:
 
 
 def uncovered_regimes(role: str | None = None) -> list[tuple[str, str, str]]:
-    """The regimes that exist (NVLink on one node; every scale-out fabric on 2 and >2 nodes)
-    and have no row of ``role`` (None: no healthy row), in a stable order."""
+    """The regimes that exist (NVLink on one node or one NVLink domain; every scale-out fabric
+    on 2 and >2 of them) and have no row of ``role`` (None: no healthy row), in a stable
+    order."""
     covered = set(regimes(role))
-    possible = [("1 node", "NVLink", family) for family in OP_FAMILIES]
-    possible += [(nodes, fabric, family) for nodes in NODE_CLASSES[1:]
-                 for fabric in FABRICS[1:] for family in OP_FAMILIES]
+    possible = []
+    for classes in (NODE_CLASSES, DOMAIN_CLASSES):
+        possible += [(classes[0], "NVLink", family) for family in OP_FAMILIES]
+        possible += [(nodes, fabric, family) for nodes in classes[1:]
+                     for fabric in FABRICS[1:] for family in OP_FAMILIES]
     return [regime for regime in possible if regime not in covered]
