@@ -5,7 +5,10 @@ configuration under the planner's default assumptions, with the error.
 asserts every row's error), chapter 08 and lab 10 (which show the table and its summary,
 :func:`format_validation_table`, :func:`regime_summary`). No row sets a parameter
 (``ValidationRow.sets_parameter`` is False for every row): nothing in the planner is fitted to
-them, so every row counts in the error figures.
+them, so every row counts in the error figures. Every row is also held to the planner's own
+memory model (``ValidationRow.fits``); a published layout that does not fit carries a note on
+what the published run did differently (``ValidationRow.memory_note``, :func:`memory_notes`).
+:func:`source_summary` gives the signed errors per source, dense and mixture-of-experts apart.
 
 The rows:
 
@@ -146,8 +149,9 @@ def llama3_memory_note(plan: Plan) -> str:
         return ""
     balanced = one_layer_fewer_first_stage_bytes(plan)
     verdict = "fits" if balanced <= plan.memory_limit_bytes else "still does not fit"
+    first_stage_layers = -(-plan.workload.shape[0] // plan.layout.pp)
     return (f"needs {plan.memory_bytes / 2**30:.1f} GiB of {plan.memory_limit_bytes / 2**30:.1f} "
-            f"GiB usable in the planner's model (first stage: {-(-plan.workload.shape[0] // plan.layout.pp)} "
+            f"GiB usable in the planner's model (first stage: {first_stage_layers} "
             f"layers, {plan.activation_bytes / 2**30:.1f} GiB of activations). Llama 3 put one "
             f"layer fewer on its first stage and freed each stage's input and output tensors "
             f"early (Dubey et al. 2024, section 3.3.2); with one layer fewer the planner's "
@@ -223,8 +227,11 @@ def regime_summary(rows: list[ValidationRow]) -> dict[str, dict[str, float]]:
 MEDIAN_GOAL, ROW_GOAL = 0.10, 0.25
 
 TABLE_HEADER = ("run", "metric", "published", "predicted", "error", "source",
-                "sets a parameter", "memory GiB (usable)", "fits")
-#: markdown_table's alignment of TABLE_HEADER's columns
+                "sets a parameter")
+#: the columns table_cells(..., with_memory=True) adds: memory per GPU against the usable
+#: memory in the planner's model, and whether the layout fits
+MEMORY_HEADER = ("memory GiB (usable)", "fits")
+#: markdown_table's alignment of TABLE_HEADER + MEMORY_HEADER
 TABLE_ALIGN = "llrrrllrl"
 SUMMARY_HEADER = ("regime", "rows", "median |error|", "largest |error|")
 
@@ -233,12 +240,16 @@ def _value(row: ValidationRow, value: float) -> str:
     return f"{value:.2f} s" if row.metric.startswith("iteration") else f"{value:.1%}"
 
 
-def table_cells(rows: list[ValidationRow]) -> list[tuple[str, ...]]:
-    """Each row as the cells of :data:`TABLE_HEADER`, as text (for a table in a book or lab)."""
-    return [(r.run, r.metric, _value(r, r.published), _value(r, r.predicted), f"{r.error:+.1%}",
-             r.source, "yes" if r.sets_parameter else "no",
-             f"{r.plan.memory_bytes / 2**30:.1f} ({r.plan.memory_limit_bytes / 2**30:.1f})",
-             "yes" if r.fits else "no, see note") for r in rows]
+def table_cells(rows: list[ValidationRow], *,
+                with_memory: bool = False) -> list[tuple[str, ...]]:
+    """Each row as the cells of :data:`TABLE_HEADER` (and :data:`MEMORY_HEADER` with
+    ``with_memory``), as text (for a table in a book or lab)."""
+    cells = [(r.run, r.metric, _value(r, r.published), _value(r, r.predicted),
+              f"{r.error:+.1%}", r.source, "yes" if r.sets_parameter else "no") for r in rows]
+    if not with_memory:
+        return cells
+    return [row + (f"{r.plan.memory_bytes / 2**30:.1f} ({r.plan.memory_limit_bytes / 2**30:.1f})",
+                   "yes" if r.fits else "no, see note") for row, r in zip(cells, rows)]
 
 
 def memory_notes(rows: list[ValidationRow]) -> list[str]:
@@ -295,13 +306,12 @@ def _fixed_width(header: tuple[str, ...], cells: list[tuple[str, ...]]) -> str:
 
 
 def format_validation_table(rows: list[ValidationRow]) -> str:
-    """The rows as a fixed-width table (:data:`TABLE_HEADER`): run, metric, published,
-    predicted, error, source, whether the row set a parameter and its memory per GPU against
-    the usable memory in the planner's model; below it, a note for each layout that does not
-    fit (:func:`memory_notes`)."""
-    notes = memory_notes(rows)
-    return "\n".join([_fixed_width(TABLE_HEADER, table_cells(rows))]
-                     + [f"note: {note}" for note in notes])
+    """The rows as a fixed-width table (:data:`TABLE_HEADER` and :data:`MEMORY_HEADER`): run,
+    metric, published, predicted, error, source, whether the row set a parameter and its memory
+    per GPU against the usable memory in the planner's model; below it, a note for each layout
+    that does not fit (:func:`memory_notes`)."""
+    table = _fixed_width(TABLE_HEADER + MEMORY_HEADER, table_cells(rows, with_memory=True))
+    return "\n".join([table] + [f"note: {note}" for note in memory_notes(rows)])
 
 
 def format_source_summary(summary: list[dict]) -> str:
