@@ -23,6 +23,7 @@ largest over-prediction, which sets the floor, comes from another source.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -180,8 +181,8 @@ def test_expected_rows_follow_cluster_collective(capsys):
         assert row["regime"] == str(est.regime) and row["validated"] == est.validated
     assert set(rows[0]) == {"size_bytes", "expected_busbw_gbps", "low_gbps", "high_gbps",
                             "algorithm", "regime", "validated", "regime_rows",
-                            "measured_busbw_gbps", "status", "verdict", "verdict_head",
-                            "detail"}
+                            "smallest_caught_loss", "measured_busbw_gbps", "status", "verdict",
+                            "verdict_head", "detail"}
 
 
 def test_table_output_end_to_end():
@@ -203,7 +204,12 @@ def test_healthy_published_sweep_is_normal_at_every_size(capsys):
     rows = _json(capsys, "expect", "all_reduce", "--gpu", "A100", "--nodes", "1",
                  "--measured", str(HEALTHY))
     assert len(rows) == 20
-    assert {r["verdict"] for r in rows} == {"normal"}
+    assert {r["status"] for r in rows} == {"normal"}
+    # Between 1 MiB and 1 GiB the band is too wide to rule out a 40% loss, and says so.
+    for row in rows:
+        middle = 2**20 <= row["size_bytes"] < 2**30
+        assert row["verdict"] == "normal" if not middle else row["verdict"].startswith(
+            "normal (band -11..+65%: cannot detect a 40% loss here"), row
     assert rows[-1]["measured_busbw_gbps"] == 234.89
 
 
@@ -424,6 +430,61 @@ def test_json_document_keys(capsys):
     assert document["measured"]["format"] == "json"
     assert document["measured"]["nccl_version"] == "2.26.2"
     assert {r["regime"] for r in document["regimes"]} == {r["regime"] for r in document["rows"]}
+
+
+# --- Catching a 40% loss --------------------------------------------------------------------------
+
+def _row_log(tmp_path, row, factor):
+    log = tmp_path / f"row_{row.size_bytes}_{factor}.log"
+    log.write_text(f"#  size  busbw\n{row.size_bytes}  {factor * row.busbw_gbps:.3f}\n")
+    return log
+
+
+def test_a_40_percent_loss_is_flagged_below_1_gib_on_one_node_where_validated(capsys, tmp_path):
+    # Every published one-node 8x A100 nccl-tests row below 1 MiB, as measured and with 40% of
+    # its busbw lost: the band there catches any loss over 31%, so each loss is low and each
+    # healthy row normal.
+    rows = [r for r in nccl_tests.rows("test")
+            if r.system == "8x A100 (one node), NVLink3" and r.size_bytes < 2**20]
+    assert len(rows) >= 5
+    for row in rows:
+        argv = ["expect", "all_reduce", "--gpu", "A100", "--nodes", "1"]
+        healthy = _json(capsys, *argv, "--measured", str(_row_log(tmp_path, row, 1.0)))[0]
+        lost = _json(capsys, *argv, "--measured", str(_row_log(tmp_path, row, 0.6)))[0]
+        assert healthy["validated"] and healthy["smallest_caught_loss"] < expect.LOSS_TO_CATCH
+        assert (healthy["status"], lost["status"]) == ("normal", "low"), row
+
+
+def test_the_smallest_caught_loss_holds_for_every_validated_regimes_own_rows():
+    # By the band's arithmetic a loss above smallest_caught_loss puts any healthy row of the
+    # regime below its floor: checked on every published test row, 1% above that loss.
+    checked = 0
+    for row in costmodel.nccl_validation_table("test"):
+        errors = costmodel.regime_errors()[row.regime]
+        if len(errors) < costmodel.MIN_VALIDATION_ROWS:
+            continue
+        loss = costmodel.smallest_caught_loss(errors) + 0.01
+        floor = row.model_gbps / (1 + max(errors)) * (1 - costmodel.BAND_MARGIN)
+        assert (1 - loss) * row.published_gbps < floor, row
+        checked += 1
+    assert checked > 100
+
+
+def test_a_band_too_wide_for_a_40_percent_loss_says_so(capsys, tmp_path):
+    # One node, 1 MiB - 1 GiB: the model's errors span -11..+65%, so a run 40% slower than a
+    # healthy one can still pass; the normal verdict says so, with the loss it does catch.
+    row = next(r for r in nccl_tests.rows("test")
+               if r.system == "8x A100 (one node), NVLink3" and r.size_bytes == 8 * 2**20)
+    info = _json(capsys, "expect", "all_reduce", "--gpu", "A100", "--nodes", "1",
+                 "--measured", str(_row_log(tmp_path, row, 1.0)))[0]
+    assert info["validated"] and info["smallest_caught_loss"] > expect.LOSS_TO_CATCH
+    assert info["status"] == "normal"
+    assert re.fullmatch(r"normal \(band -11\.\.\+65%: cannot detect a 40% loss here, only one "
+                        r"over \d\d%\)", info["verdict"]), info["verdict"]
+    header = expect.band_text(expect.regimes([info])[0])
+    assert header.startswith("1 node, NVLink, all_reduce, 1 MiB - 1 GiB: ")
+    assert header.endswith(f"cannot detect a 40% loss, only one over "
+                           f"{100 * info['smallest_caught_loss']:.0f}%")
 
 
 # --- NVL72 racks: an NVLink domain spanning hosts -------------------------------------------------

@@ -17,6 +17,10 @@ In a regime with at least ``costmodel.MIN_VALIDATION_ROWS`` published test rows 
 falls below it is slower than every healthy published run was, relative to the model. Elsewhere
 the expectation itself is unvalidated: the floor is ``(1 - UNVALIDATED_BAND) * expected`` and
 every verdict says so (``"low (expectation unvalidated: no published rows for ...)"``).
+A validated band catches a loss only when the regime's errors are narrow enough
+(:func:`clusterlab.analytic.costmodel.smallest_caught_loss`); where it cannot catch a loss of
+``LOSS_TO_CATCH`` (40%), a normal verdict says so (``"normal (band -11..+65%: cannot detect a
+40% loss here, only one over 46%)"``).
 
 Units: sizes in bytes as nccl-tests' ``size`` column counts them; busbw in GB/s (1e9 bytes/s),
 out-of-place, per GPU and direction, as nccl-tests prints it.
@@ -46,6 +50,9 @@ _OP_OF_BINARY = {binary: op for op, binary in PERF_BINARIES.items()}
 #: The NIC ``expect`` prices between nodes when ``--nic`` names none: one 400 Gb/s NDR
 #: InfiniBand port per GPU, as in the catalog's DGX H100, H200 and B200 servers.
 DEFAULT_NIC = "IB-NDR"
+#: The loss of bandwidth every verdict should catch; a normal verdict in a regime whose band
+#: cannot (``costmodel.smallest_caught_loss``) says so.
+LOSS_TO_CATCH = 0.40
 _BINARY = re.compile(r"\b(all_reduce|all_gather|reduce_scatter|alltoall)_perf(?:_mpi)?\b")
 _TAG = re.compile(r"\[\d+(?:,\d+)?\](?:<stdout>:)?")
 _RANK = re.compile(r"#\s*Rank\s+(\d+)\s+(?:Group\s+\d+\s+)?Pid\s+\d+\s+on\s+(\S+)\s+device\s+"
@@ -447,17 +454,26 @@ def verdict(measured_gbps: float, estimate: costmodel.CollectiveEstimate, *,
 
 
 def _head(status: str, estimate: costmodel.CollectiveEstimate, regime_rows: int) -> str:
-    if estimate.validated:
+    """The status, with what the band cannot tell: an unvalidated expectation, or (for a
+    normal verdict) a band too wide to catch a loss of ``LOSS_TO_CATCH``."""
+    if not estimate.validated:
+        return f"{status} ({_unvalidated(estimate.regime, regime_rows)})"
+    errors = costmodel.regime_errors()[estimate.regime]
+    caught = costmodel.smallest_caught_loss(errors)
+    if status != "normal" or caught <= LOSS_TO_CATCH:
         return status
-    return f"{status} ({_unvalidated(estimate.regime, regime_rows)})"
+    return (f"{status} (band {100 * min(errors):+.0f}..{100 * max(errors):+.0f}%: cannot "
+            f"detect a {100 * LOSS_TO_CATCH:.0f}% loss here, only one over {100 * caught:.0f}%)")
 
 
 def _regime_info(where: costmodel.Regime) -> dict:
     errors = costmodel.regime_errors().get(where, ())
-    return {"regime": str(where), "rows": len(errors),
-            "validated": len(errors) >= costmodel.MIN_VALIDATION_ROWS,
+    validated = len(errors) >= costmodel.MIN_VALIDATION_ROWS
+    return {"regime": str(where), "rows": len(errors), "validated": validated,
             "lowest_error": round(min(errors), 4) if errors else None,
-            "highest_error": round(max(errors), 4) if errors else None}
+            "highest_error": round(max(errors), 4) if errors else None,
+            "smallest_caught_loss": (round(costmodel.smallest_caught_loss(errors), 4)
+                                     if validated else None)}
 
 
 def cluster_from_options(gpu: hardware.GPU | str, nodes: int, gpus_per_node: int = 8, *,
@@ -504,12 +520,14 @@ def verdicts(op: str, sizes, cluster: hardware.ClusterSpec, *, fabric: str | Non
     Returns:
         Per size: ``size_bytes``; ``expected_busbw_gbps``; ``low_gbps`` (the band's floor:
         ``CollectiveEstimate.low_busbw``); ``high_gbps`` (line rate); ``algorithm``
-        (``algorithm/protocol``); ``regime`` (its text), ``validated`` and ``regime_rows``
-        (published test rows in that regime); ``measured_busbw_gbps``, ``status`` (``normal``,
-        ``low``, ``high``), ``verdict`` (the text: ``verdict_head``, then ``": "`` and
-        ``detail`` where there is one), ``verdict_head`` (the status, with the unvalidated
-        note where there is one) and ``detail`` (low: the likely causes; high: the reason;
-        normal: None), these five None without a measurement at that size. All busbw in GB/s.
+        (``algorithm/protocol``); ``regime`` (its text), ``validated``, ``regime_rows``
+        (published test rows in that regime) and ``smallest_caught_loss`` (the smallest loss
+        the band always flags; None where unvalidated); ``measured_busbw_gbps``, ``status``
+        (``normal``, ``low``, ``high``), ``verdict`` (the text: ``verdict_head``, then ``": "``
+        and ``detail`` where there is one), ``verdict_head`` (the status, with the unvalidated
+        note, or the loss a normal verdict cannot rule out, where there is one) and
+        ``detail`` (low: the likely causes; high: the reason; normal: None), these five None
+        without a measurement at that size. All busbw in GB/s.
     """
     if op not in OPS:
         raise ValueError(f"expect judges {', '.join(OPS)}, got {op!r}.")
@@ -524,6 +542,7 @@ def verdicts(op: str, sizes, cluster: hardware.ClusterSpec, *, fabric: str | Non
                "algorithm": f"{est.algorithm}/{est.protocol}",
                "regime": info["regime"], "validated": est.validated,
                "regime_rows": info["rows"],
+               "smallest_caught_loss": info["smallest_caught_loss"],
                "measured_busbw_gbps": None, "status": None, "verdict": None,
                "verdict_head": None, "detail": None}
         if measured is not None and size in measured:
@@ -540,7 +559,9 @@ def verdicts(op: str, sizes, cluster: hardware.ClusterSpec, *, fabric: str | Non
 def regimes(rows: list[dict]) -> list[dict]:
     """The distinct regimes of :func:`verdicts`' rows, in size order: ``regime``, ``rows``,
     ``validated``, ``lowest_error`` and ``highest_error`` (the model's error range over that
-    regime's published test rows, ``(model - published) / published``; None without rows)."""
+    regime's published test rows, ``(model - published) / published``; None without rows) and
+    ``smallest_caught_loss`` (:func:`clusterlab.analytic.costmodel.smallest_caught_loss`; None
+    where unvalidated)."""
     seen: dict[str, dict] = {}
     for row in rows:
         if row["regime"] not in seen:
@@ -555,9 +576,14 @@ def band_text(info: dict) -> str:
         count = "no published rows" if rows == 0 else f"only {rows} published row(s)"
         return (f"{info['regime']}: UNVALIDATED ({count}); floor = "
                 f"{1 - costmodel.UNVALIDATED_BAND:.2f} x expected")
+    caught = info["smallest_caught_loss"]
+    reach = (f"catches any loss over {100 * caught:.0f}%" if caught <= LOSS_TO_CATCH else
+             f"cannot detect a {100 * LOSS_TO_CATCH:.0f}% loss, only one over "
+             f"{100 * caught:.0f}%")
     return (f"{info['regime']}: {info['rows']} published rows, model error "
             f"{100 * info['lowest_error']:+.1f}..{100 * info['highest_error']:+.1f}%; floor = "
-            f"expected / {1 + info['highest_error']:.3f} x {1 - costmodel.BAND_MARGIN:.2f}")
+            f"expected / {1 + info['highest_error']:.3f} x {1 - costmodel.BAND_MARGIN:.2f}; "
+            f"{reach}")
 
 
 def format_table(rows: list[dict]) -> str:

@@ -56,6 +56,7 @@ from clusterlab.analytic.costmodel.validation import (BAND_MARGIN, MIN_VALIDATIO
                                                       format_disagreements, format_regime_errors,
                                                       format_validation_table, median_abs_error,
                                                       published_time_s, regime_errors,
+                                                      smallest_caught_loss,
                                                       validation_by_regime, nccl_validation_table)
 
 __all__ = [
@@ -73,6 +74,7 @@ __all__ = [
     "hierarchical_all_reduce_time", "link_from_fit", "median_abs_error",
     "megatron_all_reduces_per_layer", "pipeline_activation_microbatches",
     "pipeline_bubble_fraction", "published_time_s", "regime", "regime_errors",
-    "sharded_data_parallel_bytes_per_step", "tensor_parallel_bytes_per_step",
+    "sharded_data_parallel_bytes_per_step", "smallest_caught_loss",
+    "tensor_parallel_bytes_per_step",
     "validation_by_regime", "nccl_validation_table",
 ]

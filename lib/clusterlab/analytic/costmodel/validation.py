@@ -32,6 +32,25 @@ MIN_VALIDATION_ROWS = 3
 UNVALIDATED_BAND = 0.5
 
 
+def smallest_caught_loss(errors: Sequence[float]) -> float:
+    """The smallest loss of bandwidth that the band of a regime with these errors always flags.
+
+    A healthy run lies at ``expected / (1 + e)`` for some ``e`` between the regime's lowest and
+    highest error; the floor is ``expected / (1 + highest) * (1 - BAND_MARGIN)``. A run that
+    lost a fraction ``L`` falls below the floor, whichever ``e`` it had, when
+    ``(1 - L) / (1 + lowest) < (1 - BAND_MARGIN) / (1 + highest)``.
+
+    Args:
+        errors: the regime's errors, ``(model - published) / published``.
+
+    Returns:
+        ``1 - (1 - BAND_MARGIN) (1 + lowest) / (1 + highest)``, a fraction in [0, 1).
+    """
+    if not errors:
+        raise ValueError("A regime without rows has no band; give at least one error.")
+    return 1 - (1 - BAND_MARGIN) * (1 + min(errors)) / (1 + max(errors))
+
+
 def with_band(estimate: CollectiveEstimate, where: Regime) -> CollectiveEstimate:
     """The estimate with its regime and the band that the regime's validation sets."""
     errors = regime_errors().get(where, ())
