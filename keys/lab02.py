@@ -6,7 +6,9 @@ axis_name)`` and ``ring_all_gather(chunk, axis_name)`` run inside ``shard_map``,
 reduce-scatter with chunk i of the sum (as ``jax.lax.psum_scatter(..., tiled=True)``) and starts
 the all-gather with chunk i. The hidden tests run them on 2, 4 and 8 devices with block sizes the
 lab never shows, against NumPy, and read the compiled program: exactly p - 1
-``collective-permute``s of one chunk (block bytes / p) each, and nothing else.
+``collective-permute``s of one chunk (block bytes / p) each, and nothing else. Their inputs are
+drawn afresh each grading run (:func:`clusterlab.course.grading.hidden_seed`), and the library's
+own ring functions refuse a submission's calls while it is graded (``references``).
 """
 
 from typing import NamedTuple
@@ -33,7 +35,7 @@ class _Case(NamedTuple):
 
     devices: int
     block: int          # values per device, a multiple of p
-    seed: int
+    seed: int           # mixed with the grading run's own seed (grading.hidden_seed)
 
     @property
     def chunk(self) -> int:
@@ -65,7 +67,7 @@ def _require_ring(test: str, program: grading.Program, x: np.ndarray, case: _Cas
 def _check_reduce_scatter(programs) -> None:
     for program, case in zip(programs, _CASES):
         test = _case_name("reduce-scatter", case, case.block)
-        x = np.asarray(jax.random.normal(jax.random.key(case.seed),
+        x = np.asarray(jax.random.normal(jax.random.key(grading.hidden_seed(case.seed)),
                                          (case.devices * case.block,)))   # f32[p * n]
         # device i ends with chunk i of the sum, so the chunks in device order are the sum
         expected = x.reshape(case.devices, case.block).sum(axis=0)        # f32[n]
@@ -81,7 +83,7 @@ def _check_reduce_scatter(programs) -> None:
 def _check_all_gather(programs) -> None:
     for program, case in zip(programs, _CASES):
         test = _case_name("all-gather", case, case.chunk)
-        x = np.asarray(jax.random.normal(jax.random.key(case.seed),
+        x = np.asarray(jax.random.normal(jax.random.key(grading.hidden_seed(case.seed)),
                                          (case.devices * case.chunk,)))   # f32[p * n/p]
         expected = np.tile(x, case.devices)           # every device: all p chunks in order
         grading.require_close(
@@ -115,10 +117,12 @@ KEY = {
         _check_reduce_scatter, name="ring reduce-scatter",
         hint="Split the block into p chunks; p - 1 times, ppermute a partial sum to the right "
              "and add your own share of the chunk it belongs to.",
-        exports=_exports("reduce-scatter")),
+        exports=_exports("reduce-scatter"),
+        references=["clusterlab.device.collectives.ring_reduce_scatter"]),
     "lab02.4": grading.code(
         _check_all_gather, name="ring all-gather",
         hint="p - 1 times, ppermute the chunk you received last to the right and store it "
              "where it belongs.",
-        exports=_exports("all-gather")),
+        exports=_exports("all-gather"),
+        references=["clusterlab.device.collectives.ring_all_gather"]),
 }

@@ -211,9 +211,9 @@ def test_grade_cli_a_deleted_check_and_a_wrong_answer_fail_with_hints(tmp_path):
     wrong = fixture_submission(tmp_path, cells, "alice-98-fixture.ipynb")
     right = fixture_submission(tmp_path, FIXTURE_CELLS)
     result = run_python("-m", "clusterlab", "grade", str(right), str(wrong),
-                        "--key", str(FIXTURE_KEYS))
+                        "--key", str(FIXTURE_KEYS), timeout=400)
     assert result.returncode == 1, result.stderr
-    assert result.stdout.splitlines() == [
+    assert result.stdout.splitlines()[1:] == [
         str(right),
         "  lab98.1  ✓ time (s) is correct.",
         "  lab98.2  ✓ pair is correct.",
@@ -225,7 +225,8 @@ def test_grade_cli_a_deleted_check_and_a_wrong_answer_fail_with_hints(tmp_path):
         '  lab98.2  ✗ pair: no answer recorded (check.answer("lab98.2", ...) did not run).',
         "  lab98.3  ✓ double is correct.",
         "  total: 1/3 exercises correct"]
-    only_right = run_python("-m", "clusterlab", "grade", str(right), "--key", str(FIXTURE_KEYS))
+    only_right = run_python("-m", "clusterlab", "grade", str(right), "--key", str(FIXTURE_KEYS),
+                            timeout=400)
     assert only_right.returncode == 0 and "total: 3/3" in only_right.stdout
 
 

@@ -1,12 +1,14 @@
 """One hostile submission cannot sink a batch (issue 37, items 3 and 4): a notebook that is not a
-notebook, a link to another file, answers that are not data, or a verdict line with terminal
-escapes each cost that submission alone; the honest submission graded after them keeps its full
-marks and its CSV row, and the CSV says how students are named."""
+notebook, a link to another file, answers that are not data, a verdict line with terminal
+escapes, or an exported program that loops forever or allocates past its limit each cost that
+submission alone; the honest submission graded after them keeps its full marks and its CSV row,
+and the CSV says how students are named."""
 
 from __future__ import annotations
 
 import csv
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -139,3 +141,44 @@ def test_a_notebook_cannot_write_a_file_past_the_size_limit(tmp_path, capsys):
                            file_bytes=64 * 2**20)
     grading.main([str(bad)], key_dir=str(FIXTURE_KEYS), timeout_s=30, limits=roomy)
     assert capsys.readouterr().out.splitlines()[-1] == "  total: 2/3 exercises correct"
+
+
+# The child that runs a submission's programs, with limits small enough to be hit in seconds.
+JUDGE_SMALL = sandbox.Limits(cpu_s=20, memory_bytes=6 * 2**30, processes=4096, wall_s=15,
+                             file_bytes=2**20)
+PROGRAMS = {
+    # the loop never ends: c | 1 stays above -5 and cannot overflow
+    "an endless loop": ("import jax\ndef double(x):\n"
+                        "    return jax.lax.while_loop(lambda c: c > -5, lambda c: c | 1, x)",
+                        "its program ran past the grader's 15 s wall-clock limit."),
+    # an 8 GiB buffer the scatter must hold whole, past the child's 6 GiB of address space
+    "an 8 GiB buffer": ("import jax.numpy as jnp\ndef double(x):\n    return 2 * x + jnp.zeros("
+                        "(2**16, 2**15), jnp.int32).at[x, x].set(1).sum()",
+                        "your function raised JaxRuntimeError: RESOURCE_EXHAUSTED: Out of memory "
+                        "allocating 8598323200 bytes. Return twice the input."),
+}
+
+
+@pytest.mark.parametrize("program", PROGRAMS, ids=list(PROGRAMS))
+def test_a_program_past_its_limits_fails_alone_and_the_next_is_graded(program, tmp_path,
+                                                                       capsys):
+    source, why = PROGRAMS[program]
+    cells = [*HONEST[:3], source + "\ncheck.answer(\"lab98.3\", double)"]
+    bad = fixture_submission(tmp_path / "bad", cells, "98-bad.ipynb")
+    good = fixture_submission(tmp_path / "good", HONEST, "98-good.ipynb")
+    grades = tmp_path / "grades.csv"
+    started = time.monotonic()
+    status = grading.main([str(bad), str(good)], key_dir=str(FIXTURE_KEYS), timeout_s=30,
+                          csv_path=str(grades), limits=SMALL, judge_limits=JUDGE_SMALL)
+    out = capsys.readouterr().out.splitlines()
+    print(f"graded both in {time.monotonic() - started:.0f} s")
+    assert status == 1
+    assert out[1:6] == [str(bad), "  lab98.1  ✓ time (s) is correct.",
+                        "  lab98.2  ✓ pair is correct.",
+                        f"  lab98.3  ✗ double: {why}",
+                        "  total: 2/3 exercises correct"]
+    assert out[-1] == "  total: 3/3 exercises correct"
+    assert _rows(grades)[1:] == [["98-bad", "lab98.1", "1", "file"],
+                                 ["98-bad", "lab98.2", "1", "file"],
+                                 ["98-bad", "lab98.3", "0", "file"],
+                                 *[["98-good", *row, "file"] for row in FULL_MARKS]]

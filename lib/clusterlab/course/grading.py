@@ -34,10 +34,15 @@ How a submission is graded (:func:`grade_notebook`, ``python -m clusterlab grade
    nothing else (no expected value, seed or path). The kernel writes DATA: each recorded value as
    JSON (numbers, strings, lists, arrays with dtype and shape, a blank), each recorded function as
    its ``jax.export`` StableHLO bytecode per export.
-3. This process, with its own ``clusterlab`` and its own keys, reads that file, rebuilds each
-   program as a :class:`Program` (refusing effects and custom calls other than sharding
-   markers), and judges every exercise of the key. Recipes of the lab's namespace are evaluated
-   once per grading run in the instructor's copy of the lab (:func:`reference_values`).
+3. This process, with its own ``clusterlab`` and its own keys, reads that file and judges every
+   exercise of the key. A code exercise's programs are rebuilt as :class:`Program` (refusing
+   effects and custom calls other than sharding markers) and run in a child process with CPU,
+   memory, output and wall-clock limits (:func:`judge_programs_apart`), on hidden inputs drawn
+   afresh each run (:func:`hidden_seed`). Recipes of the lab's namespace are evaluated once per
+   grading run in the instructor's copy of the lab (:func:`reference_values`).
+
+The library's own implementation of what a code exercise asks for (``references`` of
+:func:`code`) refuses a notebook's calls in the sandbox: calling it earns nothing.
 
 Whatever the submission runs (a replaced ``judge_all``, a patched ``check``, ``numpy`` or
 ``jax``, a printed verdict line) changes only the data it hands over, never how it is judged.
@@ -82,6 +87,7 @@ from clusterlab.course import answers, sandbox, submission, verification
 from clusterlab.device import hlo
 
 KEYS_ENV = "CLUSTERLAB_KEYS"
+SEED_ENV = "CLUSTERLAB_GRADING_SEED"
 _KEY_FILE = re.compile(r"^lab(\d\d)\.py$")
 _LAB_IN_NAME = re.compile(r"(?:^|[^0-9])(\d\d)-")
 # custom calls a shard_map or a sharding constraint lowers to; any other target in a submitted
@@ -131,12 +137,15 @@ class Exercise:
             the resolved expected value (None for a code exercise).
         expected: the expected value, or a recipe ``expected(namespace)`` of the lab's globals.
         exports: for a code exercise, the programs to export.
+        references: the course's own implementations of what a code exercise asks for, by
+            qualified name: while a submission is graded they refuse its calls.
     """
 
     name: str
     judge: Callable[[object, object], tuple[bool, str]]
     expected: object = None
     exports: tuple[Export, ...] = field(default=())
+    references: tuple[str, ...] = field(default=())
 
     @property
     def is_recipe(self) -> bool:
@@ -177,7 +186,7 @@ def equal(expected, *, name: str, hint: str = "") -> Exercise:
 
 
 def code(checker: Callable[[Sequence[Program]], None], *, name: str, hint: str = "",
-         exports: Sequence[Export]) -> Exercise:
+         exports: Sequence[Export], references: Sequence[str] = ()) -> Exercise:
     """A code exercise: the answer is the function the student wrote, judged as programs.
 
     Args:
@@ -187,6 +196,10 @@ def code(checker: Callable[[Sequence[Program]], None], *, name: str, hint: str =
         name: what the function computes.
         hint: shown when it is refused.
         exports: the programs the submission's kernel exports (at least one).
+        references: the library's own functions that do what the exercise asks, by qualified
+            name (``"clusterlab.device.collectives.ring_reduce_scatter"``): in the grading
+            sandbox they refuse a notebook's calls, so calling one earns nothing
+            (:func:`clusterlab.course.sandbox.withheld_binds`).
 
     Raises:
         ValueError: when ``exports`` is empty.
@@ -209,7 +222,7 @@ def code(checker: Callable[[Sequence[Program]], None], *, name: str, hint: str =
                            f"{hint}").rstrip()
         return True, f"✓ {name} is correct."
 
-    return Exercise(name, judge, None, tuple(exports))
+    return Exercise(name, judge, None, tuple(exports), tuple(references))
 
 
 def _one_line(error: BaseException) -> str:
@@ -381,6 +394,23 @@ def require_close(test: str, actual, expected, *, hint: str = "", rtol: float = 
         raise Refused(f"{reason}. Hint: {hint}" if hint else reason) from None
 
 
+def run_seed() -> int:
+    """The seed of this grading run's hidden inputs: ``$CLUSTERLAB_GRADING_SEED`` (set by
+    :func:`main` for its children), else drawn from ``os.urandom`` once per process."""
+    if SEED_ENV not in os.environ:
+        os.environ[SEED_ENV] = str(int.from_bytes(os.urandom(8), "little"))
+    return int(os.environ[SEED_ENV])
+
+
+def hidden_seed(case: int) -> int:
+    """A seed for one hidden test's inputs, fresh each grading run: the key's ``case`` number
+    mixed with :func:`run_seed`. A key draws its hidden inputs from it
+    (``jax.random.key(grading.hidden_seed(201))``), so no table of outputs kept from an
+    earlier run, or from the key's own numbers, matches them."""
+    state = np.random.SeedSequence([run_seed(), int(case)]).generate_state(1, np.uint32)
+    return int(state[0])
+
+
 def keys_dir() -> Path | None:
     """Where the keys are: ``$CLUSTERLAB_KEYS`` when set (a missing folder means no key), else
     the first ``keys/`` folder holding a ``labNN.py`` in the working directory or above it."""
@@ -467,7 +497,8 @@ def judge(key: Mapping[str, Exercise], exercise_id: str, answer,
 
 
 def judge_all(key: Mapping[str, Exercise], recorded: Mapping[str, object],
-              references: Mapping[str, object]) -> list[Verdict]:
+              references: Mapping[str, object],
+              judged: Mapping[str, Verdict] | None = None) -> list[Verdict]:
     """Judge EVERY exercise of the key from the kernel's data; one without a recorded answer
     fails as unanswered.
 
@@ -475,7 +506,10 @@ def judge_all(key: Mapping[str, Exercise], recorded: Mapping[str, object],
         key: the lab's key.
         recorded: the kernel's data by exercise id (:func:`clusterlab.course.submission.report`).
         references: the recipes' expected values by exercise id (:func:`reference_values`).
+        judged: verdicts already reached elsewhere (code exercises judged in a child process,
+            :func:`judge_programs_apart`), taken as they are.
     """
+    judged = judged or {}
     def expected(exercise_id: str, exercise: Exercise):
         if not exercise.is_recipe:
             return exercise.expected
@@ -486,7 +520,9 @@ def judge_all(key: Mapping[str, Exercise], recorded: Mapping[str, object],
 
     verdicts = []
     for exercise_id, exercise in sorted(key.items(), key=lambda item: _order(item[0])):
-        if exercise_id not in recorded:
+        if exercise_id in judged:
+            verdicts.append(judged[exercise_id])
+        elif exercise_id not in recorded:
             verdicts.append(Verdict(exercise_id, False, f"✗ {exercise.name}: no answer recorded "
                                     f"(check.answer(\"{exercise_id}\", ...) did not run)."))
         else:
@@ -569,8 +605,9 @@ def lab_of(notebook_path: str | Path, notebook) -> str:
 
 def grade_notebook(path: str | Path, *, key_dir: str | Path, timeout_s: float = 600,
                    labs_dir: str | Path | None = None,
-                   limits: sandbox.Limits | None = None) -> list[Verdict]:
-    """Run a submitted notebook in a sandbox and judge every exercise of its lab's key here.
+                   limits: sandbox.Limits | None = None,
+                   judge_limits: sandbox.Limits | None = None) -> list[Verdict]:
+    """Run a submitted notebook in a sandbox and judge every exercise of its lab's key outside it.
 
     Cells run in order in a temporary copy of the notebook's folder; a cell that raises does
     not stop the run, a cell running past ``timeout_s`` is interrupted. The kernel hands back
@@ -583,6 +620,8 @@ def grade_notebook(path: str | Path, *, key_dir: str | Path, timeout_s: float = 
         labs_dir: the instructor's labs, for the keys' recipes (default: ``labs/`` beside
             ``key_dir``).
         limits: the sandbox's limits (default :class:`clusterlab.course.sandbox.Limits`).
+        judge_limits: the limits of the child that runs its programs (default
+            :data:`JUDGE_LIMITS`).
 
     Returns:
         One verdict per exercise of the key, in order.
@@ -600,12 +639,102 @@ def grade_notebook(path: str | Path, *, key_dir: str | Path, timeout_s: float = 
         raise ValueError(f"{path.name}: no key {key_path} for {lab}.")
     key = load_key(key_path)
     request = {i: [e.request() for e in exercise.exports] for i, exercise in key.items()}
+    withheld = sorted({name for exercise in key.values() for name in exercise.references})
     recorded, why = sandbox.run_submission(path, request, cell_timeout_s=timeout_s,
-                                           hide=[key_path.parent], limits=limits)
+                                           hide=[key_path.parent], limits=limits,
+                                           withhold=withheld)
     if recorded is None:
         return _all_failed(key, why)
+    programs = {i: recorded[i] for i, exercise in key.items() if exercise.exports and i in recorded}
+    judged = judge_programs_apart(key_path, programs, judge_limits or JUDGE_LIMITS)
     labs = Path(labs_dir) if labs_dir is not None else key_path.parent.parent / "labs"
-    return judge_all(key, recorded, reference_values(key_path, labs.resolve(), timeout_s))
+    return judge_all(key, recorded, reference_values(key_path, labs.resolve(), timeout_s), judged)
+
+
+JUDGE_LIMITS = sandbox.Limits(cpu_s=1200, memory_bytes=12 * 2**30, processes=4096, wall_s=600,
+                              file_bytes=64 * 2**20)
+"""The limits of the process that runs one submission's programs (:func:`judge_programs_apart`):
+JAX on 8 simulated CPUs reserves about 3 GB of address space before it runs anything."""
+
+
+def judge_programs_apart(key_path: Path, programs: Mapping[str, object],
+                         limits: sandbox.Limits) -> dict[str, Verdict]:
+    """Judge code exercises in a child process under ``limits``, never in the grader's own.
+
+    A submitted program is XLA code of the student's choosing: it can loop forever or allocate
+    past the machine's memory. The child rebuilds and runs the programs (:func:`judge_programs`)
+    and writes each verdict as it reaches it. When it dies or runs past a limit, the exercise
+    it was judging fails with one line saying how, and a fresh child judges the rest.
+
+    Args:
+        key_path: the lab's key (the child loads it itself).
+        programs: the kernel's data of the code exercises, by exercise id.
+        limits: the child's CPU-time, memory, output and wall-clock limits.
+
+    Returns:
+        A verdict per exercise of ``programs``.
+    """
+    key = load_key(key_path)
+    verdicts: dict[str, Verdict] = {}
+    remaining = sorted(programs, key=_order)
+    with tempfile.TemporaryDirectory(prefix="clusterlab-judge-") as folder:
+        while remaining:
+            data, out, errors = (Path(folder) / name for name in ("programs.json",
+                                                                  "verdicts.jsonl", "stderr"))
+            data.write_text(json.dumps({i: programs[i] for i in remaining}))
+            out.write_text("")
+            why = _run_judge(key_path, data, out, errors, limits)
+            verdicts.update(_read_verdicts(out, remaining))
+            remaining = [i for i in remaining if i not in verdicts]
+            if remaining:       # the child ended while judging the first of them
+                first = remaining.pop(0)
+                verdicts[first] = Verdict(first, False, f"✗ {key[first].name}: "
+                                          f"{why or 'its program ended the grader without a verdict'}.")
+    return verdicts
+
+
+def _run_judge(key_path: Path, data: Path, out: Path, errors: Path,
+               limits: sandbox.Limits) -> str:
+    """Run :func:`judge_programs` in a limited child; "" when it ended normally, else why not."""
+    import subprocess
+
+    command = sandbox.limited(limits) + [
+        sys.executable, "-c", "import sys; from clusterlab.course import grading; "
+        "grading.judge_programs(*sys.argv[1:])", str(key_path), str(data), str(out)]
+    try:
+        with open(errors, "wb") as stderr:
+            result = subprocess.run(command, stdout=subprocess.DEVNULL, stderr=stderr,
+                                    timeout=limits.wall_s, env={**os.environ, SEED_ENV: str(run_seed())})
+    except subprocess.TimeoutExpired:
+        return f"its program ran past the grader's {limits.wall_s:g} s wall-clock limit"
+    if result.returncode == 0:
+        return ""
+    return sandbox.ended(result.returncode, sandbox.tail(errors), limits, what="its program")
+
+
+def _read_verdicts(out: Path, asked: Sequence[str]) -> dict[str, Verdict]:
+    verdicts = {}
+    for line in out.read_text(errors="replace").splitlines():
+        try:
+            exercise_id, passed, text = json.loads(line)
+        except ValueError:          # a line cut short when the child was killed
+            continue
+        if exercise_id in asked:
+            verdicts[exercise_id] = Verdict(exercise_id, bool(passed), str(text))
+    return verdicts
+
+
+def judge_programs(key_path: str, data_path: str, out_path: str) -> None:
+    """(In the child of :func:`judge_programs_apart`.) Judge each code exercise of
+    ``data_path`` with the key, appending ``[id, passed, line]`` to ``out_path`` as JSON lines,
+    each written as soon as it is reached."""
+    _grader_devices()
+    key = load_key(key_path)
+    with open(out_path, "a") as out:
+        for exercise_id, data in json.loads(Path(data_path).read_text()).items():
+            verdict = _verdict(exercise_id, key[exercise_id], data, lambda: None)
+            out.write(json.dumps([verdict.exercise_id, verdict.passed, verdict.line]) + "\n")
+            out.flush()
 
 
 def _all_failed(key: Mapping[str, Exercise], why: str) -> list[Verdict]:
@@ -678,7 +807,8 @@ def _refuse_link(path: Path) -> None:
 
 
 def main(submissions: Sequence[str], *, key_dir: str, timeout_s: float,
-         csv_path: str | None = None, limits: sandbox.Limits | None = None) -> int:
+         csv_path: str | None = None, limits: sandbox.Limits | None = None,
+         judge_limits: sandbox.Limits | None = None, seed: int | None = None) -> int:
     """Grade each submission and print its report (and with ``csv_path``, the points as CSV).
 
     Each submission is graded on its own: whatever one does (a notebook that is not a notebook,
@@ -694,6 +824,10 @@ def main(submissions: Sequence[str], *, key_dir: str, timeout_s: float,
             (``named_by``: ``file``, ``folder`` or ``path``, see :func:`student_names`).
         limits: each submission's sandbox limits (default
             :class:`clusterlab.course.sandbox.Limits`).
+        judge_limits: the limits of the child that runs a submission's programs (default
+            :data:`JUDGE_LIMITS`).
+        seed: the seed of the hidden inputs (:func:`hidden_seed`); default, fresh from
+            ``os.urandom``. The report's first line names it, so a run can be repeated.
 
     Returns:
         0 when every exercise of every submission passed, 1 when any failed, 2 when a
@@ -707,7 +841,10 @@ def main(submissions: Sequence[str], *, key_dir: str, timeout_s: float,
               file=sys.stderr)
         return 2
     names, named_by = student_names(submissions)
-    _grader_devices()
+    os.environ[SEED_ENV] = str(int.from_bytes(os.urandom(8), "little") if seed is None
+                               else seed)
+    print(f"hidden inputs from seed {run_seed()} (--seed {run_seed()} draws them again)",
+          flush=True)
     status = 0
     with open(csv_path, "w", newline="") if csv_path else contextlib.nullcontext() as handle:
         writer = csv.writer(handle) if handle else None
@@ -718,7 +855,7 @@ def main(submissions: Sequence[str], *, key_dir: str, timeout_s: float,
             try:
                 _refuse_link(Path(name))
                 verdicts = grade_notebook(name, key_dir=key_dir, timeout_s=timeout_s,
-                                          limits=limits)
+                                          limits=limits, judge_limits=judge_limits)
             except sandbox.SandboxUnavailable as error:
                 print(f"error: {error}", file=sys.stderr)
                 return 2
@@ -741,7 +878,8 @@ def main(submissions: Sequence[str], *, key_dir: str, timeout_s: float,
 
 
 def cli(argv: Sequence[str]) -> int:
-    """``make grade``'s command line: ``SUBMISSION... --key KEYS [--csv FILE] [--timeout S]``
+    """``make grade``'s command line: ``SUBMISSION... --key KEYS [--csv FILE] [--timeout S]
+    [--seed N]``
     (``python -m clusterlab grade`` without ``--csv``); returns :func:`main`'s status."""
     import argparse
 
@@ -750,6 +888,7 @@ def cli(argv: Sequence[str]) -> int:
     parser.add_argument("--key", required=True, help="the folder of the labNN.py keys")
     parser.add_argument("--csv", help="write student,exercise,points rows to this file")
     parser.add_argument("--timeout", type=float, default=600, help="seconds per cell")
+    parser.add_argument("--seed", type=int, help="the hidden inputs' seed (default: fresh)")
     arguments = parser.parse_args(argv)
     return main(arguments.submissions, key_dir=arguments.key, timeout_s=arguments.timeout,
-                csv_path=arguments.csv)
+                csv_path=arguments.csv, seed=arguments.seed)

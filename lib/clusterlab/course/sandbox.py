@@ -12,6 +12,8 @@ the grader's timeout its wall-clock time. What it hands back is data (one JSON f
 
 from __future__ import annotations
 
+import ast
+import importlib.util
 import json
 import os
 import shutil
@@ -52,7 +54,9 @@ class Limits:
     file_bytes: int = 256 * 2**20
 
 
-def _limited(limits: Limits) -> list[str]:
+def limited(limits: Limits) -> list[str]:
+    """The command prefix (``prlimit``) that runs a command under ``limits``' CPU-time,
+    address-space, process, file-size and core-dump limits."""
     # prlimit and setpriv (util-linux) as a command prefix, not a preexec_fn: the grader has JAX
     # loaded, and running Python between fork and exec in a multithreaded process can deadlock
     # the soft CPU limit sends SIGXCPU (the run ends with that signal's status), the hard one,
@@ -67,7 +71,7 @@ def _as_nobody() -> list[str]:
     return ["setpriv", f"--reuid={_NOBODY}", f"--regid={_NOBODY}", "--clear-groups", "--"]
 
 
-def _bwrap_command(work: Path, hide: Sequence[Path]) -> list[str]:
+def _bwrap_command(work: Path, hide: Sequence[Path], binds: Sequence[str] = ()) -> list[str]:
     if shutil.which(_BWRAP) is None:
         raise SandboxUnavailable("grading runs each submission in bubblewrap, which is not "
                                  "installed: run tests/system_deps.sh (apt-get install "
@@ -90,12 +94,62 @@ def _bwrap_command(work: Path, hide: Sequence[Path]) -> list[str]:
     for folder in sorted({Path(h).resolve() for h in hide}):
         if any(folder.is_relative_to(k) for k in keep):
             command += ["--tmpfs", str(folder)]
-    return command + [*_crossable_parents(work), "--bind", str(work),
+    return command + [*binds, *_crossable_parents(work), "--bind", str(work),
                       str(work), "--unshare-net", "--unshare-pid", "--unshare-ipc",
                       "--unshare-uts", "--unshare-cgroup-try", "--die-with-parent",
                       "--new-session", "--chdir", str(work), "--setenv", "HOME", str(work),
                       "--setenv", "CLUSTERLAB_KEYS", "/nonexistent", "--setenv", "MPLBACKEND",
                       "Agg", *_as_nobody()]
+
+
+def withheld_binds(names: Sequence[str], folder: Path) -> list[str]:
+    """bwrap arguments that bind, over each module holding a function of ``names``
+    (``"clusterlab.device.collectives.ring_reduce_scatter"``), a copy in ``folder`` whose named
+    functions first call :func:`clusterlab.course.submission.refuse_unless_library`. A module
+    reloaded or executed from its source in the sandbox gets the guarded copy too, and each of
+    its compiled ``__pycache__`` files is hidden (``/dev/null``), so no unguarded code is left.
+
+    Raises:
+        ValueError: when a name is not a module-level function of the library.
+    """
+    by_module: dict[str, list[str]] = {}
+    for name in names:
+        module, _, function = name.rpartition(".")
+        by_module.setdefault(module, []).append(function)
+    binds = []
+    for module, functions in sorted(by_module.items()):
+        spec = importlib.util.find_spec(module)
+        if spec is None or spec.origin is None or not spec.origin.endswith(".py"):
+            raise ValueError(f"cannot withhold {module}: it is not a module of the library.")
+        source = Path(spec.origin)
+        guarded = folder / f"{module}.py"
+        guarded.write_text(_guarded_source(source.read_text(), module, functions))
+        binds += ["--ro-bind", str(guarded), str(source)]
+        for compiled in sorted((source.parent / "__pycache__").glob(f"{source.stem}.*.pyc")):
+            binds += ["--ro-bind", "/dev/null", str(compiled)]
+    return binds
+
+
+def _guarded_source(text: str, module: str, functions: Sequence[str]) -> str:
+    """``text`` with a guard line before the first statement (after the docstring) of each of
+    ``functions``; every other line as it was."""
+    lines = text.splitlines(keepends=True)
+    found = {node.name: node for node in ast.parse(text).body
+             if isinstance(node, ast.FunctionDef) and node.name in functions}
+    missing = sorted(set(functions) - set(found))
+    if missing:
+        raise ValueError(f"cannot withhold {module}.{missing[0]}: no such function in {module}.")
+    # from the last function up, so that earlier line numbers stay right
+    for node in sorted(found.values(), key=lambda n: n.lineno, reverse=True):
+        body = node.body
+        documented = isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant)
+        first = body[1] if documented and len(body) > 1 else body[0]
+        if first.lineno == node.lineno:
+            raise ValueError(f"cannot withhold {module}.{node.name}: its body shares the def line.")
+        guard = (" " * first.col_offset + "__import__('clusterlab.course.submission').course."
+                 f"submission.refuse_unless_library({module + '.' + node.name!r})\n")
+        lines.insert(first.lineno - 1, guard)
+    return "".join(lines)
 
 
 def _crossable_parents(folder: Path) -> list[str]:
@@ -105,8 +159,8 @@ def _crossable_parents(folder: Path) -> list[str]:
 
 
 def run_submission(notebook: Path, request: Mapping[str, object], *, cell_timeout_s: float,
-                   hide: Sequence[Path] = (), limits: Limits | None = None
-                   ) -> tuple[dict | None, str]:
+                   hide: Sequence[Path] = (), limits: Limits | None = None,
+                   withhold: Sequence[str] = ()) -> tuple[dict | None, str]:
     """Run one submission sandboxed and read back the data its last cell wrote.
 
     Args:
@@ -115,6 +169,8 @@ def run_submission(notebook: Path, request: Mapping[str, object], *, cell_timeou
         cell_timeout_s: the longest one cell may run.
         hide: folders it must not see besides the notebook's own and the home folder.
         limits: its limits (default :class:`Limits`).
+        withhold: the course's own solutions of the exercises graded, by qualified name: in
+            the sandbox they refuse a notebook's calls (:func:`withheld_binds`).
 
     Returns:
         ``(data, "")``, or ``(None, why)``: one line saying how the submission ended.
@@ -133,7 +189,10 @@ def run_submission(notebook: Path, request: Mapping[str, object], *, cell_timeou
         for path in (work, copy, work / "request.json"):
             os.chown(path, _NOBODY, _NOBODY)
         os.chmod(Path(folder), 0o755)
-        command = _limited(limits) + _bwrap_command(work, [*hide, Path(notebook).resolve().parent]) + [
+        guarded = Path(folder) / "withheld"
+        guarded.mkdir()
+        command = limited(limits) + _bwrap_command(work, [*hide, Path(notebook).resolve().parent],
+                                                   withheld_binds(withhold, guarded)) + [
             sys.executable, "-m", "clusterlab.course.submission", str(copy), str(work / "request.json"),
             str(out), str(cell_timeout_s)]
         # Its output goes to a file, not into the grader's memory (a notebook can print 1 GiB);
@@ -148,10 +207,10 @@ def run_submission(notebook: Path, request: Mapping[str, object], *, cell_timeou
             return None, f"the notebook ran past its {limits.wall_s:g} s wall-clock limit"
         if out.exists() or out.is_symlink():
             return read_answers(out)
-        return None, _ended(result.returncode, _tail(errors), limits)
+        return None, ended(result.returncode, tail(errors), limits)
 
 
-def _tail(path: Path, size: int = 4096) -> str:
+def tail(path: Path, size: int = 4096) -> str:
     """The last ``size`` bytes of a file, as text."""
     with open(path, "rb") as handle:
         handle.seek(max(0, path.stat().st_size - size))
@@ -185,13 +244,15 @@ def read_answers(path: Path) -> tuple[dict | None, str]:
     return answers, ""
 
 
-def _ended(returncode: int, stderr: str, limits: Limits) -> str:
+def ended(returncode: int, stderr: str, limits: Limits, what: str = "the notebook") -> str:
+    """How a limited process ended, in one line: the limit it hit, the signal that killed it, or
+    the last line of its error stream (``stderr``); ``what`` names it ("the notebook")."""
     last = (stderr.strip().splitlines() or [""])[-1][:200]
     # bwrap, the sandbox's init, exits 128 + N when its child dies of signal N
     if returncode in (-signal.SIGXCPU, 128 + signal.SIGXCPU):
-        return f"the notebook ran past its CPU-time limit of {limits.cpu_s} s"
+        return f"{what} ran past its CPU-time limit of {limits.cpu_s} s"
     number = -returncode if returncode < 0 else returncode - 128
     if number in signal.valid_signals():
-        return f"the notebook was killed by {signal.Signals(number).name} ({last})"
-    return (f"the notebook ended before reporting: {last.removeprefix('clusterlab: ')} "
+        return f"{what} was killed by {signal.Signals(number).name} ({last})"
+    return (f"{what} ended before reporting: {last.removeprefix('clusterlab: ')} "
             f"(status {returncode})")

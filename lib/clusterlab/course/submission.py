@@ -121,6 +121,28 @@ def report(request: str, out_path: str) -> None:
     Path(out_path).write_text(json.dumps(data))
 
 
+class ReferenceWithheld(RuntimeError):
+    """A submission called the course's own solution of an exercise being graded."""
+
+
+def refuse_unless_library(qualified_name: str) -> None:
+    """The first statement of a withheld function in the sandbox
+    (:func:`clusterlab.course.sandbox.withheld_binds`): a call from the library itself (the ring
+    all-reduce calling the ring reduce-scatter) goes on; any other caller, a notebook's code or
+    JAX tracing it, gets :class:`ReferenceWithheld` saying why.
+
+    Raises:
+        ReferenceWithheld: when the caller is not a module of the library.
+    """
+    library = Path(__file__).resolve().parent.parent
+    caller = Path(sys._getframe(2).f_code.co_filename)
+    if caller.is_absolute() and caller.resolve().is_relative_to(library):
+        return
+    raise ReferenceWithheld(
+        f"{qualified_name} is the course's own solution to an exercise being graded; while "
+        "grading it refuses to run for a notebook. Call the function you wrote.")
+
+
 class CellTimeout(Exception):
     """A cell ran past the grader's per-cell limit (raised inside it, so the next cell runs)."""
 

@@ -1,0 +1,119 @@
+"""The references are out of reach (issue 37, item 2), graded through grading.main as
+``make grade`` calls it, on lab 02's ring assignment (keys/lab02.py).
+
+- In the sandbox the library's own ring functions refuse a notebook's calls, also after a
+  reload of their module; the honest submission graded after the one calling them keeps its
+  marks, and a submission that uses the library's ring all-reduce (which calls them from
+  inside the library) is graded as usual.
+- The hidden inputs are drawn afresh each run: a table of outputs built for one run's seed
+  passes that run (the control that the table is right) and fails the next.
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+from pathlib import Path
+
+import jax
+import numpy as np
+
+from assignment_support import KEYS, key_module, lab_sources
+from clusterlab.course import grading
+from conftest import fixture_submission
+from test_grading_security import SMALL
+
+IMPORTS = ("import jax\nimport jax.numpy as jnp\nimport numpy as np\n"
+           "from clusterlab.course import check\nfrom clusterlab.device import collectives, devices\n"
+           "devices.setup(8)")
+RING_SOLUTIONS = lab_sources("02", ["lab02-reduce-scatter", "lab02-all-gather"])[1::2]
+HONEST = [IMPORTS, *RING_SOLUTIONS]
+CALLS_THE_LIBRARY = [
+    IMPORTS,
+    "def ring_reduce_scatter(block, axis_name):\n"
+    "    return collectives.ring_reduce_scatter(block, axis_name)\n"
+    "check.answer('lab02.3', ring_reduce_scatter)",
+    "import importlib\ncollectives = importlib.reload(collectives)  # a fresh copy of the module\n"
+    "def ring_all_gather(chunk, axis_name):\n"
+    "    return collectives.ring_all_gather(chunk, axis_name)\n"
+    "check.answer('lab02.4', ring_all_gather)",
+    # the library's all-reduce calls both from inside the library: that still runs
+    "mesh = jax.sharding.Mesh(np.array(jax.devices()[:4]), ('i',))\n"
+    "print('all-reduce', jax.jit(jax.shard_map(\n"
+    "    lambda b: collectives.ring_all_reduce(b, 'i'), mesh=mesh, in_specs=jax.P('i'),\n"
+    "    out_specs=jax.P('i'), check_vma=False))(jnp.ones(16)).sum())\n"
+    "check.answer('lab02.1', 6)"]
+WITHHELD = ("is the course's own solution to an exercise being graded; while grading it refuses "
+            "to run for a notebook. Call the function you wrote.")
+
+
+def _points(grades: Path) -> dict[tuple[str, str], int]:
+    with open(grades) as handle:
+        return {(r[0], r[1]): int(r[2]) for r in list(csv.reader(handle))[1:]}
+
+
+def test_the_librarys_ring_refuses_a_notebook_and_the_next_keeps_its_marks(tmp_path, capsys):
+    cheat = fixture_submission(tmp_path / "cheat", CALLS_THE_LIBRARY, "02-ring.ipynb")
+    honest = fixture_submission(tmp_path / "honest", HONEST, "02-ring.ipynb")
+    grades = tmp_path / "grades.csv"
+    grading.main([str(cheat), str(honest)], key_dir=str(KEYS), timeout_s=120,
+                 csv_path=str(grades), limits=SMALL)
+    out = capsys.readouterr().out
+    print(out)
+    name = "clusterlab.device.collectives.ring_{}"
+    assert (f"  lab02.3  ✗ ring reduce-scatter: your function raised ReferenceWithheld: "
+            f"{name.format('reduce_scatter')} {WITHHELD}") in out
+    assert (f"  lab02.4  ✗ ring all-gather: your function raised ReferenceWithheld: "
+            f"{name.format('all_gather')} {WITHHELD}") in out
+    points = _points(grades)
+    assert points[("cheat", "lab02.3")] == points[("cheat", "lab02.4")] == 0
+    assert points[("cheat", "lab02.1")] == 1    # its all-reduce cell ran to check.answer
+    assert points[("honest", "lab02.3")] == points[("honest", "lab02.4")] == 1
+
+
+def _table_submission(folder: Path, seed: int) -> Path:
+    """A reduce-scatter that returns the hidden tests' outputs for the inputs of ``seed``'s run,
+    looked up by device count and block size, with the p - 1 permutes the structure check reads:
+    what a student holding the key's cases and an earlier report's seed could hand in."""
+    lab02 = key_module("lab02")
+    previous = os.environ.get(grading.SEED_ENV)
+    os.environ[grading.SEED_ENV] = str(seed)
+    try:
+        table = {}
+        for case in lab02._CASES:
+            x = np.asarray(jax.random.normal(jax.random.key(grading.hidden_seed(case.seed)),
+                                             (case.devices * case.block,)))
+            table[(case.devices, case.block)] = x.reshape(case.devices, -1).sum(0).tolist()
+    finally:
+        os.environ.pop(grading.SEED_ENV) if previous is None else os.environ.update(
+            {grading.SEED_ENV: previous})
+    lookup = (f"TABLE = {table!r}\n"
+              "def ring_reduce_scatter(block, axis_name):\n"
+              "    p, n = jax.lax.axis_size(axis_name), block.shape[0]\n"
+              "    rows = jnp.asarray(TABLE[(p, n)], jnp.float32).reshape(p, n // p)\n"
+              "    me = jax.lax.axis_index(axis_name)\n"
+              "    partial = rows[(me - 1) % p] + 0.0 * block[: n // p]\n"
+              "    for _ in range(1, p):\n"
+              "        partial = jax.lax.ppermute(partial, axis_name,\n"
+              "                                   [(i, (i + 1) % p) for i in range(p)])\n"
+              "    return partial\n"
+              "check.answer('lab02.3', ring_reduce_scatter)")
+    return fixture_submission(folder, [IMPORTS, lookup], "02-table.ipynb")
+
+
+def test_a_table_of_one_runs_outputs_fails_the_next_run(tmp_path, capsys):
+    seed = 20261206
+    table = _table_submission(tmp_path / "table", seed)
+    grades = tmp_path / "grades.csv"
+    grading.main([str(table)], key_dir=str(KEYS), timeout_s=120, csv_path=str(grades),
+                 limits=SMALL, seed=seed)
+    first = capsys.readouterr().out
+    assert first.splitlines()[0] == f"hidden inputs from seed {seed} (--seed {seed} draws them again)"
+    assert "  lab02.3  ✓ ring reduce-scatter is correct." in first   # the table is right for it
+    grading.main([str(table)], key_dir=str(KEYS), timeout_s=120, csv_path=str(grades),
+                 limits=SMALL)
+    second = capsys.readouterr().out
+    print(first, second)
+    assert ("  lab02.3  ✗ ring reduce-scatter: reduce-scatter on 2 devices, 10 values each: "
+            "its result") in second
+    assert _points(grades)[("02-table", "lab02.3")] == 0
