@@ -8,7 +8,7 @@ import re
 import nbformat
 import pytest
 
-from clusterlab.course import grading, student
+from clusterlab.course import check, grading, student
 from conftest import ROOT, run_python
 
 LABS = sorted((ROOT / "labs").glob("*.ipynb"))
@@ -129,3 +129,61 @@ def test_a_second_run_keeps_the_students_work(tmp_path, capsys):
     assert "kept 2 that were there" in capsys.readouterr().out
     assert student.main(["--labs", str(labs), "--out", str(out), "--replace"]) == 0
     assert "# mine" not in worked.read_text()  # the negative control: --replace overwrites
+
+
+# --- "Run All" on a fresh copy: public tests of an unwritten function say "not attempted" --------
+
+_SKELETON = ('def double(x):\n    raise NotImplementedError("write double.")\n\n\n'
+             'check.answer("lab98.1", double)')
+_PUBLIC = "def twice(x):\n    return 2 * x\n\n\ncheck.verify_equal('double doubles', double(3), twice(3))"
+
+
+def _exercise_notebook() -> nbformat.NotebookNode:
+    return _notebook(("md", "# Lab"), ("code", "from clusterlab.course import check"),
+                     ("code", _SKELETON),
+                     ("md", "```{solution-start} lab98-double\n```"),
+                     ("code", "def double(x):\n    return 2 * x"),
+                     ("md", "```{solution-end}\n```\n\nThe public tests:"),
+                     ("code", _PUBLIC), ("code", "after = 1"))
+
+
+def test_public_tests_say_not_attempted_for_a_skeleton_only(capsys):
+    with check.public_tests("lab98.1"):
+        raise NotImplementedError("write double.")
+    assert capsys.readouterr().out.startswith("○ lab98.1: not attempted yet (write double.)")
+    # negative controls: a bug in the student's function, and JAX's own NotImplementedError,
+    # are raised as usual
+    with pytest.raises(ZeroDivisionError), check.public_tests("lab98.1"):
+        1 / 0
+    with pytest.raises(NotImplementedError, match="unsupported on this platform"), \
+            check.public_tests("lab98.1"):
+        raise NotImplementedError("unsupported on this platform")
+
+
+def test_the_copy_wraps_the_cell_after_each_solution_and_nothing_else():
+    copy = student.strip_solutions(student.guard_public_tests(_exercise_notebook()))
+    code = [c.source for c in copy.cells if c.cell_type == "code"]
+    assert code[0] == "from clusterlab.course import check" and code[1] == _SKELETON
+    assert code[2].startswith('with check.public_tests("lab98.1"):')
+    assert code[2].split("\n", 1)[1] == "".join(
+        f"    {line}" if line.strip() else line for line in _PUBLIC.splitlines(keepends=True))
+    assert code[3] == "after = 1"
+
+
+def test_run_all_on_the_wrapped_cells(capsys):
+    copy = student.strip_solutions(student.guard_public_tests(_exercise_notebook()))
+    namespace: dict = {}
+    for cell in copy.cells:
+        if cell.cell_type == "code":
+            exec(cell.source, namespace)   # "Run All": every cell, in order
+    assert namespace["after"] == 1
+    out = capsys.readouterr().out
+    assert "○ lab98.1: not attempted yet" in out
+    # the student writes the function: the same cell now runs the tests and passes
+    exec("def double(x):\n    return 2 * x", namespace)
+    exec(next(c.source for c in copy.cells if "public_tests" in c.source), namespace)
+    assert "✓ double doubles" in capsys.readouterr().out
+    # and a wrong function fails the test (it raises, it is not "not attempted")
+    exec("def double(x):\n    return x + 1", namespace)
+    with pytest.raises(check.VerificationFailed):
+        exec(next(c.source for c in copy.cells if "public_tests" in c.source), namespace)

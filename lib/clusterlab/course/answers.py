@@ -9,7 +9,9 @@ here (:func:`record`) and has :mod:`clusterlab.course.grading` judge it with the
 
 from __future__ import annotations
 
+import contextlib
 import re
+from collections.abc import Iterator
 
 import numpy as np
 
@@ -97,6 +99,27 @@ def record(exercise_id: str, value) -> None:
         raise ValueError(f"Exercise ids look like 'lab01.2' (lab 01, exercise 2); got "
                          f"{exercise_id!r}.")
     _RECORDED[exercise_id] = value
+
+
+SKELETON_MESSAGE = "write "  # a skeleton raises NotImplementedError("write <its name>.")
+
+
+@contextlib.contextmanager
+def public_tests(exercise_id: str) -> Iterator[None]:
+    """Run a code exercise's public tests; a function not written yet is "not attempted".
+
+    A student copy wraps each exercise's public-tests cell in this, so that "Run All" on a fresh
+    copy reaches the end: the skeleton's ``NotImplementedError("write ...")`` becomes one line,
+    and the cell stops there. Any other error (a bug in the student's function, a failed check)
+    is raised as usual.
+    """
+    try:
+        yield
+    except NotImplementedError as error:
+        if not str(error).startswith(SKELETON_MESSAGE):
+            raise
+        print(f"○ {exercise_id}: not attempted yet ({error}). Write the function in the cell "
+              "above, run it, then run this cell again.")
 
 
 def recorded_answers() -> dict[str, object]:

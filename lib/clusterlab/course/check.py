@@ -33,7 +33,8 @@ import sys
 
 from clusterlab.course import answers, grading
 from clusterlab.course.answers import (  # noqa: F401
-    EXERCISE_ID, close, close_verdict, equal, equal_verdict, is_unanswered, recorded_answers)
+    EXERCISE_ID, close, close_verdict, equal, equal_verdict, is_unanswered, public_tests,
+    recorded_answers)
 from clusterlab.course.verification import (  # noqa: F401
     FP32_RTOL, FP32_TRAINED_RTOL, VerificationFailed, fp32_matmuls, fp32_rtol, matmul_precision,
     verify, verify_catches, verify_close, verify_equal)

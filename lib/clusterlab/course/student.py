@@ -6,7 +6,9 @@ lab in ``labs/``. A solution is every cell from the markdown cell that opens it 
 closes it (```` ```{solution-end} ````), both included; text that shares a cell with those
 directives, before the opening or after the closing one, stays. Exercises and the cells where
 students write their answers stay. Code cells lose their outputs and execution counts, so the
-copy shows nothing a student has not run.
+copy shows nothing a student has not run. Each code exercise's public tests are wrapped in
+:func:`clusterlab.course.check.public_tests` (:func:`guard_public_tests`), so "Run All" on a fresh
+copy runs to the end and says which functions are not written yet.
 
 The answer key stays out: the copies are notebooks only (the keys live in ``keys/labNN.py``, see
 :mod:`clusterlab.course.grading`), and a copy is refused when a cell left in it checks an exercise
@@ -29,6 +31,9 @@ SOLUTION_END = "{solution-end}"
 _END = re.compile(r"```\{solution-end\}[^\n]*\n\s*```[^\n]*(\n|$)")
 # a check that carries its expected value, in a cell a student sees
 _VISIBLE_KEY = re.compile(r"\bcheck\.(close|equal)\(")
+# a code exercise's skeleton: raise NotImplementedError("write ..."), then check.answer(id, fn)
+_SKELETON = re.compile(r"raise NotImplementedError\(\"write ")
+_ANSWER_ID = re.compile(r"check\.answer\(\"(lab\d\d\.\d+)\"")
 
 
 def strip_solutions(notebook: nbformat.NotebookNode) -> nbformat.NotebookNode:
@@ -80,6 +85,33 @@ def strip_solutions(notebook: nbformat.NotebookNode) -> nbformat.NotebookNode:
     return copy
 
 
+def guard_public_tests(notebook: nbformat.NotebookNode) -> nbformat.NotebookNode:
+    """Wrap each code exercise's public tests in :func:`clusterlab.course.check.public_tests`.
+
+    The public tests are the first code cell after the exercise's solution. In a fresh copy the
+    function is still a skeleton, so the wrapped cell prints "not attempted" instead of raising,
+    and "Run All" goes on to the end. The notebook is changed in place and returned.
+    """
+    exercise, after_solution = None, False
+    for cell in notebook.cells:
+        if cell.cell_type == "markdown":
+            if _END.search(cell.source) and exercise is not None:
+                after_solution = True
+            continue
+        if cell.cell_type != "code":
+            continue
+        answered = _ANSWER_ID.search(cell.source)
+        if answered and _SKELETON.search(cell.source):
+            exercise, after_solution = answered.group(1), False
+        elif after_solution:
+            body = "".join(f"    {line}" if line.strip() else line
+                           for line in cell.source.splitlines(keepends=True))
+            cell.source = (f'with check.public_tests("{exercise}"):  # "not attempted" while the '
+                           f"function is a skeleton\n{body}")
+            exercise, after_solution = None, False
+    return notebook
+
+
 _EXERCISE_START = re.compile(r"```\{exercise-start\}[^\n]*\n((?::[\w-]+:[^\n]*\n)*)```")
 _EXERCISE_END = re.compile(r"\n*```\{exercise-end\}\n```\n*")
 
@@ -128,7 +160,8 @@ def write_student_copies(labs_dir: str | Path, out_dir: str | Path, *,
     written = []
     for lab in labs:
         try:
-            copy = exercise_headings(strip_solutions(nbformat.read(lab, as_version=4)))
+            original = guard_public_tests(nbformat.read(lab, as_version=4))
+            copy = exercise_headings(strip_solutions(original))
         except ValueError as error:
             raise ValueError(f"{lab.name}: {error}") from None
         for index, cell in enumerate(copy.cells):
