@@ -377,8 +377,7 @@ def test_fixtures_hold_the_published_rows():
 UNVALIDATED = [
     ("all_gather", 1, ["--node-link", "PCIe4x16", "--fabric", "PCIe"],
      dict(n_nodes=1, intra_node_link="PCIe4x16", fabric="PCIe")),
-    ("all_to_all", 2, ["--nic", "Ethernet-100G", "--nics-per-node", "1", "--fabric", "Ethernet"],
-     dict(n_nodes=2, nic="Ethernet-100G", nics_per_node=1, fabric="Ethernet")),
+    ("all_gather", 4, ["--nic", "IB-NDR"], dict(n_nodes=4, nic="IB-NDR", fabric="InfiniBand")),
     ("reduce_scatter", 4, ["--sharp"], dict(n_nodes=4, nic="IB-NDR", sharp=True,
                                             fabric="InfiniBand")),
 ]
@@ -568,6 +567,16 @@ def test_tcpxo_is_refused_naming_what_is_missing(capsys, tmp_path):
     assert err.count("\n") == 1
     assert "GPUDirect-TCPXO" in err and "expect cannot judge it" in err
     assert "Missing: a model of its latency and bandwidth, or published rows" in err
+
+
+def test_plain_ethernet_sockets_are_refused_for_want_of_rows(capsys):
+    argv = ["expect", "all_reduce", "--gpu", "H100", "--nodes", "2", "--nic", "Ethernet-100G",
+            "--sizes", "1G"]
+    assert cli.main([*argv, "--fabric", "Ethernet"]) == 2
+    assert "give --transport socket" in capsys.readouterr().err
+    assert cli.main([*argv, "--transport", "socket"]) == 2
+    err = capsys.readouterr().err
+    assert "NET/Socket" in err and "2 nodes, Ethernet, all_reduce, >= 1 GiB has 0" in err
 
 
 def test_efa_is_judged_only_where_published_efa_rows_are(capsys):

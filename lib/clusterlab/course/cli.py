@@ -117,9 +117,9 @@ def _expect_parser(commands) -> None:
                              " NCCL may then run CollNet direct or chain, and NVLS across nodes")
     expect.add_argument("--transport", choices=tuple(expect_module.TRANSPORTS), default="ib",
                         help="NCCL's network transport: ib (default: InfiniBand or RoCE "
-                             "verbs, which NCCL's model prices), efa (AWS aws-ofi-nccl; judged "
-                             "only where published EFA rows exist) or tcpxo (GCP; refused: "
-                             "unpriced)")
+                             "verbs, which NCCL's model prices), efa (AWS aws-ofi-nccl) or "
+                             "socket (plain Ethernet), judged only where published rows of "
+                             "them exist, or tcpxo (GCP; refused: unpriced)")
     expect.add_argument("--sizes", default="1M,8M,64M,512M,4G",
                         help="increasing sizes, powers of 1024 (1M,8M,64M,512M,4G)")
     expect.add_argument("--measured", help="an nccl-tests *_perf output to judge: its text "
@@ -159,6 +159,12 @@ def _fabric_options(args: argparse.Namespace, cluster: hardware.ClusterSpec) -> 
     if args.fabric == "EFA" and args.transport != "efa":
         raise ValueError("--fabric EFA is reached through the aws-ofi-nccl plugin, not NCCL's "
                          "NET/IB: give --transport efa.")
+    if args.fabric == "Ethernet" and args.transport != "socket":
+        raise ValueError("--fabric Ethernet (no RDMA) runs NCCL over TCP sockets, not NET/IB: "
+                         "give --transport socket, or --fabric RoCE for RDMA over Ethernet.")
+    if args.transport == "socket" and args.fabric not in (None, "Ethernet"):
+        raise ValueError(f"--transport socket crosses plain Ethernet, not {args.fabric}: give "
+                         "--fabric Ethernet or drop --fabric.")
     if args.fabric is None:
         return
     one_node = args.fabric in ("NVLink", "PCIe")
@@ -195,8 +201,9 @@ def _expect(args: argparse.Namespace) -> None:
                 raise ValueError(f"{flag} {value}: {error} Use one of these names.") from None
     if args.nodes < 1 or args.gpus_per_node < 1:
         raise ValueError("--nodes and --gpus-per-node must be positive integers.")
-    if args.transport == "efa" and args.fabric is None:
-        args.fabric = "EFA"     # EFA's published rows set the band of an EFA run
+    if args.transport in ("efa", "socket") and args.fabric is None:
+        # The transport's own published rows set the band of its runs.
+        args.fabric = {"efa": "EFA", "socket": "Ethernet"}[args.transport]
     cluster = expect_module.cluster_from_options(args.gpu, args.nodes, args.gpus_per_node,
                                                  nic=args.nic, nics_per_node=args.nics_per_node,
                                                  node_link=args.node_link, sharp=args.sharp,

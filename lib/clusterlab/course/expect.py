@@ -319,9 +319,11 @@ TRANSPORTS = {
     "efa": "AWS EFA through the aws-ofi-nccl plugin (NET/OFI over SRD)",
     "tcpxo": "GCP's GPUDirect-TCPXO (the FasTrak net plugin: TCP, payloads through the NICs' "
              "DMA into GPU memory)",
+    "socket": "NCCL's NET/Socket (TCP sockets through host memory, no RDMA)",
 }
-#: The fabric whose published rows judge a transport other than NET/IB (None: no rows).
-_TRANSPORT_FABRIC = {"efa": "EFA", "tcpxo": None}
+#: The fabric whose published rows judge a transport other than NET/IB (None: no model of it
+#: and no rows).
+_TRANSPORT_FABRIC = {"efa": "EFA", "tcpxo": None, "socket": "Ethernet"}
 
 
 def check_transport(transport: str, op: str, sizes, cluster: hardware.ClusterSpec) -> None:
