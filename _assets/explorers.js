@@ -144,12 +144,15 @@
       svg.setAttribute("height", height);
       const points = this.series();
       const stacks = chart.kind === "stacks";
-      const parts = stacks ? chart.parts.map((p) => this.outputIndex(p)) : [this.outputIndex(chart.y)];
+      const parts = stacks ? chart.parts.map((p) => this.outputIndex(p))
+                           : [this.outputIndex(chart.y)];
       const totals = points.map((p) => p.cell.error ? null
         : parts.reduce((sum, k) => sum + p.cell.values[k], 0));
       const limit = chart.limit ? this.outputIndex(chart.limit) : -1;
       let top = Math.max(...totals.filter((t) => t !== null), 0);
-      points.forEach((p) => { if (limit >= 0 && !p.cell.error) top = Math.max(top, p.cell.values[limit]); });
+      for (const p of points) {
+        if (limit >= 0 && !p.cell.error) top = Math.max(top, p.cell.values[limit]);
+      }
       top = top > 0 ? top * 1.08 : 1;
       const slot = (box.right - box.left) / points.length;
       const x = (i) => box.left + slot * (i + 0.5);
@@ -200,9 +203,9 @@
       svg.append(svgElement("path", { d: path, class: "cl-line" }));
       points.forEach((p, i) => {
         if (!p.cell.error) {
-          svg.append(svgElement("circle", { cx: x(i), cy: y(p.cell.values[k]),
-                                            r: p.current ? 6 : 3,
-                                            class: p.current ? "cl-point cl-current" : "cl-point" }));
+          const mark = p.current ? { r: 6, class: "cl-point cl-current" }
+                                 : { r: 3, class: "cl-point" };
+          svg.append(svgElement("circle", { cx: x(i), cy: y(p.cell.values[k]), ...mark }));
         }
       });
     }

@@ -183,11 +183,14 @@ def test_bad_explorer_specs_are_refused():
 
 # --- In the rendered book ---------------------------------------------------------------------
 
-_READ_JS = """root => ({
-  outputs: Array.from(root.querySelectorAll('[data-output]'),
-                      n => [n.dataset.output, n.dataset.value ?? null, n.textContent]),
-  error: root.querySelector('.cl-error').hidden ? null : root.querySelector('.cl-error').textContent,
-})"""
+_READ_JS = """root => {
+  const error = root.querySelector('.cl-error');
+  return {
+    outputs: Array.from(root.querySelectorAll('[data-output]'),
+                        n => [n.dataset.output, n.dataset.value ?? null, n.textContent]),
+    error: error.hidden ? null : error.textContent,
+  };
+}"""
 
 
 def _move(root, control: explorers.Control, index: int) -> None:
@@ -266,7 +269,7 @@ def test_explorer_fits_a_phone_and_is_photographed(site, name):  # noqa: F811
         site["state"]["page"] = PAGES[name]
         page.goto(site["base"] + PAGES[name] + ".html")
         root = page.locator(f"#explorer-{name}")
-        root.locator("svg.cl-chart *").first.wait_for(timeout=10_000)
+        root.locator("svg.cl-chart text").first.wait_for(timeout=10_000)
         overflow = root.evaluate("r => r.scrollWidth - r.clientWidth")
         assert overflow <= 0, (name, width, overflow)
         path = SCREENSHOTS / f"explorer-{name}-{label}.png"

@@ -424,7 +424,7 @@ def static_figure(explorer: Explorer) -> plt.Figure:
     over = explorer.control(explorer.chart.over)
     labels = [o.label for o in over.options]
     cells = [explorer.cell({over.name: i}) for i in range(len(labels))]
-    fig, ax = plt.subplots(figsize=(6.4, 3.2))
+    fig, ax = plt.subplots(figsize=(7.2, 3.2))
     x = np.arange(len(labels))
     outputs = {o.name: o for o in explorer.outputs}
     if explorer.chart.kind == "line":
@@ -443,8 +443,10 @@ def static_figure(explorer: Explorer) -> plt.Figure:
             limit = outputs[explorer.chart.limit]
             ax.axhline(cells[over.default]["values"][limit.name] / limit.scale, color="black",
                        linestyle="--", label=limit.label)
-        ax.legend(fontsize="small", ncols=2)
-    ax.set_xticks(x, labels, rotation=45 if len(labels) > 6 else 0)
+        ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1))
+    ax.set_ylim(bottom=0)
+    # Long labels (message sizes) turn, so that they do not overlap.
+    ax.set_xticks(x, labels, rotation=45 if sum(map(len, labels)) > 40 else 0)
     ax.set_xlabel(over.label)
     ax.set_ylabel(explorer.chart.y_label)
     fixed = ", ".join(f"{c.label} {c.options[c.default].label}" for c in explorer.controls
