@@ -159,7 +159,6 @@ def test_a_pinned_layout_that_does_not_fit_is_shown_with_include_unfit(capsys):
 
 
 @pytest.mark.parametrize("argv, match", [
-    (["--precision", "fp8"], "fp8 is not modelled yet"),
     (["--layers", "32"], "--d-model, --heads missing"),
     (["--params", "8e9", "--ffn", "14336"], "drop one of them"),
     (["--layers", "32", "--d-model", "4096", "--heads", "32"], "needs the MLP width"),
@@ -167,6 +166,16 @@ def test_a_pinned_layout_that_does_not_fit_is_shown_with_include_unfit(capsys):
 ])
 def test_bad_model_flags_name_the_fix(capsys, argv, match):
     assert match in error(capsys, *argv, *CLUSTER, *PINNED)
+
+
+def test_precision_fp8_is_faster_and_refused_without_fp8_units(capsys):
+    (bf16,) = plans(capsys, *LLAMA_8B, *CLUSTER, *PINNED)
+    (fp8,) = plans(capsys, *LLAMA_8B, *CLUSTER, *PINNED, "--precision", "fp8")
+    assert fp8["step_s"] < bf16["step_s"]
+    assert fp8["mfu_above_published"] is None          # no FP8 record: nothing to flag
+    on_a100 = ["--gpu", "A100", "--gpus", "16"]
+    assert "A100 has no FP8 tensor cores" in error(capsys, *LLAMA_8B, *on_a100, *PINNED,
+                                                    "--precision", "fp8")
 
 
 def test_python_m_clusterlab_plan_json_runs_as_a_command():

@@ -269,7 +269,8 @@ def _plan_parser(commands) -> None:
                       help="vocabulary: the output layer priced on the last stage (default: "
                            "none)")
     plan.add_argument("--precision", choices=("bf16", "fp8"), default="bf16",
-                      help="training precision (bf16; fp8 is refused: not modelled yet)")
+                      help="training precision (bf16); fp8: the linear GEMMs at the FP8 "
+                           "peak, attention and the rest in BF16")
     plan.add_argument("--tensor-parallel", type=_positive_ints, default=_SPACE.tp,
                       help="tensor-parallel degrees, e.g. 8 or 2,4,8 (default: every divisor "
                            "of a node)")
@@ -382,10 +383,6 @@ def _moe(args: argparse.Namespace) -> plan.MoE | None:
 
 
 def _plan(args: argparse.Namespace) -> None:
-    if args.precision == "fp8":
-        raise ValueError("--precision fp8 is not modelled yet: the planner prices BF16 GEMMs "
-                         "(clusterlab.analytic.gemm) and has no published FP8 matmul ceiling "
-                         "or FP8 training row to hold it to; use --precision bf16.")
     experts = _moe(args)
     n_params = args.params
     if n_params is None:
@@ -407,7 +404,7 @@ def _plan(args: argparse.Namespace) -> None:
         time_budget_s=None if args.budget_days is None else args.budget_days * 86400,
         n_layers=args.layers, d_model=args.d_model, n_heads=args.heads,
         n_kv_heads=args.kv_heads, vocab_size=args.vocab, bytes_per_token=args.bytes_per_token,
-        moe=experts)
+        moe=experts, precision=args.precision)
     space = plan.SearchSpace(micro_batches=args.micro_batches,
                              virtual_stages=args.virtual_stages,
                              recompute=args.recompute or RECOMPUTE_POLICIES,

@@ -24,7 +24,13 @@ builds one from catalog names, counted in GPUs). The package, by job:
   :func:`network_to_match`).
 * :mod:`~clusterlab.analytic.plan.power`: facility power, PUE, and what a power budget holds.
 * :mod:`~clusterlab.analytic.plan.validation`: the planner held to published runs
-  (:func:`validation_table`: published, predicted, error and source per row).
+  (:func:`validation_table`: published, predicted, error, source and memory fit per row; FP8
+  runs apart, ``validation.fp8_validation_table``).
+
+A workload trains in BF16 or FP8 (``Workload.precision``: FP8 runs the linear GEMMs at the FP8
+peak). ``python -m clusterlab plan`` pins or searches every layout axis and takes the model's
+shape (:func:`shape_params` counts its parameters); :func:`plan_record` is a plan as JSON data
+and :func:`mfu_warning` flags an MFU above the best published run of its class.
 
 Every all-reduce (tensor- and data-parallel) is priced by
 :func:`clusterlab.analytic.costmodel.cluster_collective`, latency included. What the planner leaves

@@ -31,6 +31,7 @@ References:
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field, replace
 
@@ -38,6 +39,7 @@ from clusterlab.analytic import costmodel, flops, gemm, memory, moe, storage
 from clusterlab.analytic.plan._network import all_reduce, collective, group_of
 from clusterlab.analytic.plan.step import exposed_bucketed_reduce_s, megatron_bucket_params
 from clusterlab.analytic.plan.workload import Assumptions, cluster as plan_cluster, Layout, Workload
+from clusterlab.catalog import hardware
 from clusterlab.catalog.hardware import ClusterSpec
 from clusterlab.catalog.published import training_runs
 
@@ -120,9 +122,12 @@ class Plan:
 
     @property
     def mfu(self) -> float:
-        """Model FLOPs utilization of the whole step (recomputation not counted)."""
+        """Model FLOPs utilization of the whole step (recomputation not counted), over the
+        peak of the workload's precision: BF16's, or FP8's for an FP8 workload (whose
+        attention and element-wise work still run in BF16, so it reaches less of its peak)."""
         return flops.mfu(self.model_flops_per_step / self.step_s, self.hardware.n_gpus,
-                         self.hardware.gpu.bf16_flops)
+                         hardware.peak_flops(self.hardware.gpu,
+                                             precision=self.workload.precision))
 
     @property
     def hfu(self) -> float:
@@ -476,6 +481,9 @@ def _compute_s(workload: Workload, cluster: ClusterSpec, layout: Layout,
     n_layers, d_model = workload.shape
     vocab = workload.vocab_size
     if assumptions.compute_efficiency is not None:
+        if workload.precision != "bf16":
+            raise ValueError("compute_efficiency is a fraction of the BF16 peak; an FP8 "
+                             "workload is priced GEMM by GEMM: give compute_efficiency=None.")
         rate = cluster.gpu.bf16_flops * assumptions.compute_efficiency
         hardware_flops = workload.tokens_per_step * workload.hardware_flops_per_token
         output_s = (0.0 if vocab is None else
@@ -483,9 +491,9 @@ def _compute_s(workload: Workload, cluster: ClusterSpec, layout: Layout,
                     / layout.tp / rate)
         return hardware_flops / (cluster.n_gpus * rate) + output_s, output_s
     def layer_time_s(ffn_hidden: float) -> float:
-        return gemm.transformer_layer_time_s(
-            cluster.gpu, workload.seq_len, layout.micro_batch, d_model, workload.heads,
-            ffn_hidden=ffn_hidden, tensor_parallel=layout.tp,
+        return _layer_time_s(
+            cluster.gpu, workload.precision, workload.seq_len, layout.micro_batch, d_model,
+            workload.heads, ffn_hidden=ffn_hidden, tensor_parallel=layout.tp,
             sequence_parallel=layout.sequence_parallel and layout.tp > 1,
             recompute=workload.recompute_policy) / layout.cp
 
@@ -500,6 +508,33 @@ def _compute_s(workload: Workload, cluster: ClusterSpec, layout: Layout,
         cluster.gpu, workload.seq_len, layout.micro_batch, d_model, vocab,
         tensor_parallel=layout.tp) / layout.cp
     return layer_s * n_layers / layout.pp * microbatches + output_s, output_s
+
+
+@functools.lru_cache(maxsize=4096)   # a layout search prices the same layer many times
+def _layer_time_s(gpu: hardware.GPU, precision: str, seq_len: int, micro_batch: int,
+                  d_model: int, n_heads: int, *, ffn_hidden: float, tensor_parallel: int,
+                  sequence_parallel: bool, recompute: str) -> float:
+    """One layer's seconds for one micro-batch on one GPU: BF16,
+    :func:`clusterlab.analytic.gemm.transformer_layer_time_s`; FP8, the same GEMMs and
+    element-wise kernels with the linear GEMMs (QKV, output projection, MLP) at the GPU's FP8
+    peak (:func:`clusterlab.catalog.hardware.peak_flops`), as Transformer Engine's FP8 recipe
+    runs them, and attention's two GEMMs in BF16 (its default attention is not FP8).
+
+    The FP8 GEMMs keep the BF16 GEMMs' ceiling as a fraction of their peak
+    (:func:`clusterlab.analytic.gemm.matmul_ceiling`; an assumption: the course has no FP8
+    matmul benchmark row) and their BF16 bytes (an over-estimate of a memory-bound GEMM's
+    traffic). FP8's own element-wise work (scaling, casts, amax) is not priced."""
+    shape = dict(ffn_hidden=ffn_hidden, tensor_parallel=tensor_parallel, recompute=recompute)
+    if precision == "bf16":
+        return gemm.transformer_layer_time_s(gpu, seq_len, micro_batch, d_model, n_heads,
+                                             sequence_parallel=sequence_parallel, **shape)
+    fp8 = replace(gpu, bf16_flops=hardware.peak_flops(gpu, precision="fp8"))
+    attention = set(gemm.LAYER_GEMM_GROUPS["attention"])
+    gemms = gemm.transformer_layer_gemms(seq_len, micro_batch, d_model, n_heads, **shape)
+    kernels = gemm.transformer_layer_elementwise(seq_len, micro_batch, d_model, n_heads,
+                                                 sequence_parallel=sequence_parallel, **shape)
+    return (sum(gemm.gemm_time_s(g, gpu if g.name in attention else fp8) for g in gemms)
+            + sum(k.hbm_bytes for k in kernels) / gpu.hbm_bytes_per_s)
 
 
 #: Bytes the optimizer step moves over HBM per parameter it updates: Adam reads the gradient

@@ -339,10 +339,10 @@ def format_plans(plans: list[Plan]) -> str:
 
 
 def published_mfu(plan: Plan) -> mfu_records.MfuRecord | None:
-    """The best published MFU of the plan's class (its GPU; dense or with experts) in
+    """The best published MFU of the plan's class (its GPU; dense or with experts; precision) in
     :mod:`clusterlab.catalog.published.mfu_records`; None where none is recorded."""
     kind = "dense" if plan.workload.moe is None else "moe"
-    return mfu_records.record(plan.hardware.gpu.name, kind)
+    return mfu_records.record(plan.hardware.gpu.name, kind, plan.workload.precision)
 
 
 def mfu_warning(plan: Plan) -> str | None:

@@ -20,6 +20,9 @@ The rows:
 * Chowdhery et al. 2022 [chowdhery2022]: PaLM 540B on 6144 TPU v4, 46.2% MFU.
 * Dubey et al. 2024, Table 4 [dubey2024]: Llama 3 405B on 8192 and 16384 H100, 43% and 41% MFU.
 
+FP8 training is held apart (:func:`fp8_validation_table`): three Llama 3 runs on H100 from
+NVIDIA's Megatron-Bridge performance summary (:mod:`clusterlab.catalog.published.fp8_runs`).
+
 Vocabularies (the output layer, priced on the last pipeline stage): Megatron-LM's GPT models
 51,200 (Narayanan et al. 2021, section 5.1; Korthikanti et al. train the same models), PaLM
 256k (Chowdhery et al. 2022, section 2), Llama 3 128,256 (Meta's config.json; Table 3 of the
@@ -35,10 +38,13 @@ import statistics
 from dataclasses import dataclass
 
 from clusterlab.analytic.plan.prediction import Plan, predict, predict_published
-from clusterlab.analytic.plan.workload import Assumptions, cluster, Layout, Workload
+from clusterlab.analytic.plan.workload import (Assumptions, cluster, Layout, Workload,
+                                               shape_params)
 from clusterlab.catalog import hardware
-from clusterlab.catalog.published import training_runs
+from clusterlab.catalog.published import fp8_runs, training_runs
 
+#: The metric of the FP8 rows (fp8_validation_table)
+TOKENS_METRIC = "tokens/s per GPU"
 MEGATRON_GPT_VOCAB = 51_200   # Narayanan et al. 2021, section 5.1 [narayanan2021]
 PALM_VOCAB = 256_000          # Chowdhery et al. 2022, section 2 [chowdhery2022]
 LLAMA3_VOCAB = 128_256        # Meta-Llama-3 config.json [meta_llama3_70b_config]
@@ -174,6 +180,41 @@ def embedding_share(plan: Plan) -> float:
     return workload.vocab_size * workload.shape[1] / workload.n_params
 
 
+def fp8_plan(run: fp8_runs.Fp8Run, *, precision: str = "fp8") -> Plan:
+    """The planner's prediction of one published FP8 run (:mod:`clusterlab.catalog.published.
+    fp8_runs`), on its GPUs under its layout, its parameters counted from its shape
+    (:func:`clusterlab.analytic.plan.shape_params`); ``precision="bf16"`` prices the same run
+    as if it trained in BF16 (what the planner could say before it modelled FP8)."""
+    n_params = shape_params(run.n_layers, run.d_model, n_heads=run.n_heads,
+                            n_kv_heads=run.n_kv_heads, ffn_width=run.ffn_width,
+                            vocab_size=run.vocab_size)
+    workload = Workload(n_params, run.seq_len, run.global_batch, n_layers=run.n_layers,
+                        d_model=run.d_model, n_heads=run.n_heads, n_kv_heads=run.n_kv_heads,
+                        vocab_size=run.vocab_size, precision=precision)
+    layout = Layout(dp=run.dp, tp=run.tp, pp=run.pp, cp=run.cp, zero_stage=run.zero_stage,
+                    micro_batch=run.micro_batch, virtual_stages=run.virtual_stages)
+    return predict(workload, cluster(run.gpu, run.n_gpus, storage_read_bytes_per_s=1e12),
+                   layout)
+
+
+def tokens_per_s_per_gpu(plan: Plan) -> float:
+    """Trained tokens per second per GPU of a plan."""
+    return plan.workload.tokens_per_step / plan.step_s / plan.hardware.n_gpus
+
+
+def fp8_validation_table(*, precision: str = "fp8") -> list[ValidationRow]:
+    """The published FP8 runs (:data:`clusterlab.catalog.published.fp8_runs.ROWS`), tokens per
+    second per GPU, each predicted under the planner's defaults; none sets a parameter.
+    ``precision="bf16"`` gives the same rows priced as BF16 training (the before)."""
+    rows = []
+    for run in fp8_runs.ROWS:
+        predicted = fp8_plan(run, precision=precision)
+        rows.append(ValidationRow(f"{run.name}, {run.n_gpus} {run.gpu}, FP8", TOKENS_METRIC,
+                                  run.tokens_per_s_per_gpu, tokens_per_s_per_gpu(predicted),
+                                  "FP8", "megatron_bridge_perf", False, predicted))
+    return rows
+
+
 def validation_table() -> list[ValidationRow]:
     """Every published row, predicted under the planner's defaults (Megatron's FP32 gradients
     for the Korthikanti rows): Korthikanti Table 5 (8 rows), Megatron 1T (HFU), PaLM (MFU),
@@ -237,6 +278,8 @@ SUMMARY_HEADER = ("regime", "rows", "median |error|", "largest |error|")
 
 
 def _value(row: ValidationRow, value: float) -> str:
+    if row.metric == TOKENS_METRIC:
+        return f"{value:,.0f}"
     return f"{value:.2f} s" if row.metric.startswith("iteration") else f"{value:.1%}"
 
 

@@ -109,6 +109,10 @@ class Workload:
     recompute: bool | Recompute = False
     #: the mixture of experts; None: a dense model (priced exactly as before MoE existed)
     moe: MoE | None = None
+    #: "bf16", or "fp8": the layers' linear GEMMs (QKV, output projection, MLP) at the GPU's
+    #: FP8 peak, as Transformer Engine runs them; attention's two GEMMs, the element-wise
+    #: kernels, the output layer and the optimizer stay BF16/FP32 (prediction._layer_time_s)
+    precision: hardware.Precision = "bf16"
 
     def __post_init__(self) -> None:
         positive("n_params", self.n_params)
@@ -133,6 +137,8 @@ class Workload:
         if not isinstance(self.recompute, bool) and self.recompute not in RECOMPUTE_POLICIES:
             raise ValueError(f"recompute must be True, False or one of {RECOMPUTE_POLICIES}, "
                              f"got {self.recompute!r}.")
+        if self.precision not in ("bf16", "fp8"):
+            raise ValueError(f"precision is 'bf16' or 'fp8', got {self.precision!r}.")
         if self.moe is not None:
             if not isinstance(self.moe, MoE):
                 raise ValueError(f"moe must be a plan.MoE (or None for a dense model), got "

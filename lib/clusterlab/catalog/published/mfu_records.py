@@ -3,8 +3,9 @@
 The planner's headline MFU is held against these (``clusterlab.analytic.plan.mfu_ceiling``): a
 prediction above the best published run of its class is flagged, since no one has shown it.
 
-A class is the accelerator and whether the model is dense or a mixture of experts, in BF16. A
-class without a row has no published maximum here, and nothing is flagged for it.
+A class is the accelerator, whether the model is dense or a mixture of experts, and the
+training precision. Every row is BF16; a class without a row (FP8 training among them) has no
+published maximum here, and nothing is flagged for it.
 
 Units: MFU is a fraction of the dense BF16 peak.
 """
@@ -46,10 +47,13 @@ RECORDS: tuple[MfuRecord, ...] = (
 )
 
 
-def record(gpu: str, kind: Kind) -> MfuRecord | None:
-    """The record for ``gpu`` (case-insensitive) and ``kind``; None where none is published here."""
+def record(gpu: str, kind: Kind, precision: str = "bf16") -> MfuRecord | None:
+    """The record for ``gpu`` (case-insensitive), ``kind`` and ``precision``; None where none is
+    published here (every record is BF16)."""
     if kind not in ("dense", "moe"):
         raise ValueError(f"kind is 'dense' or 'moe', got {kind!r}.")
+    if precision != "bf16":
+        return None
     for row in RECORDS:
         if row.gpu.lower() == gpu.lower() and row.kind == kind:
             return row
