@@ -54,19 +54,43 @@ def test_pipeline_timeline_draws_every_slot(name, stages, microbatches, virtual_
                        for b in boxes)
         assert drawn == sorted(zip(*map(list, np.nonzero(schedule.kind == kind))))
         assert [b.get_width() for b in boxes] == pytest.approx([1 / virtual_stages] * len(boxes))
-    # work boxes are coloured by micro-batch and labelled with it
+    # work boxes are coloured by micro-batch, chunk 0 as is and later chunks darker
     for box in _boxes(ax, "forward"):
         t, s = round(box.get_x() * virtual_stages), round(box.get_y() + 0.4)
-        colour = plt.get_cmap("tab10")(int(schedule.microbatch[t, s]) % 10)
-        assert box.get_facecolor()[:3] == pytest.approx(colour[:3])
+        colour = np.array(plt.get_cmap("tab10")(int(schedule.microbatch[t, s]) % 10)[:3])
+        chunk = int(schedule.chunk[t, s])
+        darkness = 0.55 * chunk / max(virtual_stages - 1, 1)
+        assert box.get_facecolor()[:3] == pytest.approx(tuple(colour * (1 - darkness)))
+    chunk_keys = [t.get_text() for t in ax.get_legend().get_texts() if "chunk" in t.get_text()]
+    assert chunk_keys == ([f"chunk {c}" for c in range(virtual_stages)]
+                          if virtual_stages > 1 else [])
     labels = sorted(text.get_text() for text in ax.texts)
     work = schedule.kind != IDLE
-    expected = [f"{i}.{c}" if virtual_stages > 1 else f"{i}"
-                for i, c in zip(schedule.microbatch[work], schedule.chunk[work])]
+    expected = [str(i) for i in schedule.microbatch[work]]  # the chunk is told by the shade
     if virtual_stages > plotting.MAX_LABELLED_VIRTUAL_STAGES:
         expected = []  # too narrow to label
     assert labels == sorted(expected)
     assert f"idle {schedule.idle_fraction:.1%}" in ax.get_title()
+
+
+def test_interleaved_timeline_labels_fit_their_boxes():
+    # The chapter's interleaved figure at phone-ready width: every number inside its box.
+    fig = plotting.pipeline_timelines([make_schedule(4, 8, "1f1b"),
+                                       make_schedule(4, 8, "interleaved", virtual_stages=2)],
+                                      width_in=plotting.DIAGRAM_MAX_WIDTH_IN)
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    ax = fig.axes[1]
+    boxes = _boxes(ax, "forward") + _boxes(ax, "backward")
+    assert len(ax.texts) == len(boxes) == 2 * 2 * 8 * 4  # 2 passes x v x m per stage
+    for text in ax.texts:
+        label = text.get_window_extent(renderer)
+        x, y = text.get_position()
+        box = next(b for b in boxes if b.get_x() < x < b.get_x() + b.get_width()
+                   and b.get_y() < y < b.get_y() + b.get_height())
+        outline = box.get_window_extent(renderer)
+        assert outline.x0 <= label.x0 and label.x1 <= outline.x1, text.get_text()
+        assert text.get_fontsize() >= plotting.DIAGRAM_MIN_FONT
 
 
 def test_pipeline_timelines_share_the_longest_time():
@@ -173,6 +197,11 @@ DIAGRAMS = {
     "3-D, 4 servers": lambda: plotting.three_d_parallelism_diagram(4, 2, 4),
     "experts": plotting.expert_routing_diagram,
     "four layers": plotting.four_layers_diagram,
+    "mesh shardings": plotting.mesh_shardings_diagram,
+    "NVL72 rack": plotting.nvl72_rack_diagram,
+    "interleaved timeline": lambda: plotting.pipeline_timelines(
+        [make_schedule(4, 8, "1f1b"), make_schedule(4, 8, "interleaved", virtual_stages=2)],
+        width_in=plotting.DIAGRAM_MAX_WIDTH_IN),
 }
 
 
@@ -389,3 +418,76 @@ def test_four_layers_diagram_draws_every_gpu_and_layer():
                 if r.get_gid() == "gpu"]) == 8
     with pytest.raises(ValueError, match="2 to 6 servers"):
         plotting.four_layers_diagram(7)
+
+
+@pytest.mark.parametrize("spec, expected", [
+    (("data",), {(0, 0): (0, 1, 2, 3), (1, 0): (4, 5, 6, 7)}),
+    (("data", "model"), {(r, c): (4 * r + c,) for r in range(2) for c in range(4)}),
+    ((None, "model"), {(0, c): (c, c + 4) for c in range(4)}),
+    ((), {(0, 0): tuple(range(8))}),
+    (("model", "data"), {(r, c): (4 * c + r,) for r in range(4) for c in range(2)}),
+])
+def test_sharding_blocks_by_hand(spec, expected):
+    assert plotting.sharding_blocks((2, 4), ("data", "model"), spec) == expected
+
+
+def test_sharding_blocks_refuses_a_wrong_spec():
+    with pytest.raises(ValueError, match="'x' is not a mesh axis"):
+        plotting.sharding_blocks((2, 4), ("data", "model"), ("x",))
+    with pytest.raises(ValueError, match="name each mesh axis at most once"):
+        plotting.sharding_blocks((2, 4), ("data", "model"), ("data", "data"))
+    with pytest.raises(ValueError, match="more entries than the array's 2 dimensions"):
+        plotting.sharding_blocks((2, 4), ("data", "model"), ("data", None, None))
+
+
+def test_mesh_shardings_diagram_draws_every_block():
+    fig = plotting.mesh_shardings_diagram()
+    boxes = _by_gid(fig, Rectangle)
+    labels = {g: t.get_text() for g, t in _by_gid(fig, Text).items()}
+    assert sorted(g for g in boxes if g.startswith("device")) == [f"device {i}" for i in range(8)]
+    specs = {"P('data')": 2, "P('data', 'model')": 8, "P(None, 'model')": 4, "P()": 1}
+    for spec, n_blocks in specs.items():
+        blocks = {g: r for g, r in boxes.items() if g.startswith(f"{spec} block")}
+        assert len(blocks) == n_blocks
+        for gid, box in blocks.items():  # in the colour of the lowest device holding it
+            held = [int(d) for d in labels[gid].replace("\n", ", ").replace("-", ", ")
+                    .split(", ")]
+            assert box.get_facecolor()[:3] == pytest.approx(boxes[f"device {held[0]}"]
+                                                            .get_facecolor()[:3])
+    assert labels["P()" + " block 0 0"] == "0-7"
+    assert labels["P(None, 'model') block 0 2"] == "2\n6"
+    assert labels["P('data') block 1 0"] == "4-7"
+    with pytest.raises(ValueError, match="does not divide over the 4 devices of 'model'"):
+        plotting.mesh_shardings_diagram(array_shape=(8, 6))
+    with pytest.raises(ValueError, match="up to 4 x 4 devices"):
+        plotting.mesh_shardings_diagram((2, 8))
+
+
+@pytest.mark.parametrize("name", ["GB200 NVL72", "GB300 NVL72"])
+def test_nvl72_diagram_draws_the_catalogs_rack(name):
+    from clusterlab.catalog import hardware
+    rack = hardware.rack(name)
+    fig = plotting.nvl72_rack_diagram(name, other_racks=3)
+    ax = fig.axes[0]
+
+    def count(gid):
+        return len([a for a in ax.patches + ax.lines if a.get_gid() == gid])
+
+    assert count("gpu") == rack.compute_trays * rack.gpus_per_tray == 72
+    assert count("nic") == rack.compute_trays * rack.nics_per_tray
+    assert count("compute tray") == rack.compute_trays == 18
+    assert count("switch tray") == rack.nvlink_switch_trays == 9
+    assert count("nvlink") == 18 + 9  # every tray on the NVLink spine
+    assert count("tray uplink") == 18  # every compute tray on the scale-out network
+    assert (count("leaf"), count("spine"), count("other rack")) == (2, 2, 3)
+    texts = " ".join(t.get_text() for t in ax.texts)
+    assert f"{name}: 72 GPUs" in texts and "9 NVLink\nswitch trays" in texts
+
+
+def test_nvl72_diagram_refuses_what_it_cannot_draw():
+    with pytest.raises(ValueError, match="1 to 3 other racks"):
+        plotting.nvl72_rack_diagram(other_racks=4)
+    with pytest.raises(ValueError, match="other_racks must be a positive integer"):
+        plotting.nvl72_rack_diagram(other_racks=0)
+    with pytest.raises(ValueError, match="Unknown rack"):
+        plotting.nvl72_rack_diagram("NVL36")

@@ -14,6 +14,7 @@ from matplotlib.ticker import FuncFormatter, MaxNLocator
 
 from clusterlab import _checks
 from clusterlab.analytic import memory, moe
+from clusterlab.catalog import hardware
 from clusterlab.analytic.schedule import FORWARD, IDLE, Schedule
 from clusterlab.analytic.tables import format_bytes
 
@@ -85,12 +86,21 @@ IDLE_COLOUR = "0.92"
 MAX_LABELLED_VIRTUAL_STAGES = 2
 
 
+def _chunk_shade(colour, chunk: int, virtual_stages: int) -> tuple:
+    """A micro-batch's colour for model chunk ``chunk``: chunk 0 as is, later chunks darker
+    (mixed with up to 55% black), so one micro-batch's chunks differ by shade alone."""
+    rgb = np.array(matplotlib.colors.to_rgb(colour))
+    darkness = 0.55 * chunk / max(virtual_stages - 1, 1)
+    return tuple(rgb * (1 - darkness))
+
+
 def pipeline_timeline(schedule: Schedule, ax: Axes | None = None) -> Axes:
     """A pipeline schedule as a coloured timeline: one row per stage, one box per piece of work.
 
     Forward passes are solid, backward passes lighter and hatched, in the micro-batch's colour
-    and labelled with its number (``3.1``: micro-batch 3, model chunk 1, when interleaved with
-    v = 2; narrower boxes are left unlabelled); idle slots are grey. Time runs in passes of one
+    and labelled with its number; idle slots are grey. Interleaved (v > 1), a micro-batch's
+    model chunks differ by shade, chunk 0 brightest and later chunks darker, and the legend says
+    so; boxes are labelled up to v = 2 (narrower ones have no room). Time runs in passes of one
     micro-batch through a whole stage, so an interleaved slot is ``1/v`` wide and schedules
     compare on one axis. Each box's ``gid`` is ``"forward"``, ``"backward"`` or ``"idle"``.
 
@@ -112,14 +122,16 @@ def pipeline_timeline(schedule: Schedule, ax: Axes | None = None) -> Axes:
                                    edgecolor="white", linewidth=0.5, gid="idle"))
             continue
         forward = kind == FORWARD
-        ax.add_patch(Rectangle((t * width, s - 0.4), width, 0.8, facecolor=_colour(i),
-                               alpha=1.0 if forward else 0.45, hatch=None if forward else "///",
+        colour = _chunk_shade(_colour(i), int(schedule.chunk[t, s]), v)
+        alpha = 1.0 if forward else 0.45
+        ax.add_patch(Rectangle((t * width, s - 0.4), width, 0.8, facecolor=colour,
+                               alpha=alpha, hatch=None if forward else "///",
                                edgecolor="white", linewidth=0.5,
                                gid="forward" if forward else "backward"))
         if v <= MAX_LABELLED_VIRTUAL_STAGES:  # narrower boxes have no room for a label
-            label = f"{i}.{int(schedule.chunk[t, s])}" if v > 1 else f"{i}"
-            ax.text((t + 0.5) * width, s, label, ha="center", va="center",
-                    fontsize=7 if v == 1 else 5, clip_on=True)
+            seen = tuple(alpha * np.array(colour) + (1 - alpha))  # as drawn on white
+            ax.text((t + 0.5) * width, s, str(i), ha="center", va="center", fontsize=9,
+                    color=_text_on(seen), clip_on=True)
     ax.set_xlim(0, schedule.slots * width)
     ax.set_ylim(schedule.stages - 0.5, -0.5)  # stage 0 on top
     ax.set_yticks(range(schedule.stages), [f"stage {s}" for s in range(schedule.stages)])
@@ -129,10 +141,12 @@ def pipeline_timeline(schedule: Schedule, ax: Axes | None = None) -> Axes:
     chunks = f", v = {v}" if v > 1 else ""
     ax.set_title(f"{schedule.name}: p = {schedule.stages}, m = {schedule.microbatches}{chunks}, "
                  f"idle {schedule.idle_fraction:.1%}", fontsize=10)
-    ax.legend(handles=[Patch(facecolor="0.5", label="forward"),
-                       Patch(facecolor="0.5", alpha=0.45, hatch="///", label="backward"),
-                       Patch(facecolor=IDLE_COLOUR, label="idle")],
-              loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
+    handles = [Patch(facecolor="0.5", label="forward"),
+               Patch(facecolor="0.5", alpha=0.45, hatch="///", label="backward"),
+               Patch(facecolor=IDLE_COLOUR, label="idle")]
+    handles += [Patch(facecolor=_chunk_shade(_colour(0), c, v), label=f"chunk {c}")
+                for c in range(v if v > 1 else 0)]
+    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=9)
     return ax
 
 
@@ -1024,5 +1038,274 @@ def four_layers_diagram(n_servers: int = 4, gpus_per_server: int = 8) -> plt.Fig
         _layer_marker(ax, leaves[1] + 1.3, y, i + 1)
         ax.text(leaves[1] + 1.58, y, text, ha="left", va="center", fontsize=9)
     _diagram_axes(ax, xlim, ylim)
+    fig.subplots_adjust(left=0.0, right=1.0, top=1.0, bottom=0.0)
+    return fig
+
+
+def sharding_blocks(mesh_shape: tuple[int, int], axis_names: tuple[str, str],
+                    spec: tuple[str | None, ...]) -> dict[tuple[int, int], tuple[int, ...]]:
+    """Which devices hold each block of a 2-D array under a partition spec on a 2-D mesh.
+
+    The mesh numbers its devices row by row (``np.arange(n).reshape(mesh_shape)``), as
+    ``devices.mesh`` does with lab 00's CPU devices. A spec has at most one entry per array
+    dimension: a mesh axis's name splits that dimension over the axis, ``None`` or a missing
+    entry keeps it whole; mesh axes the spec leaves out replicate the blocks.
+
+    Args:
+        mesh_shape: the mesh's shape, two positive whole numbers.
+        axis_names: the names of its two axes.
+        spec: like ``PartitionSpec``'s entries, e.g. ``("data",)``, ``(None, "model")``, ``()``.
+
+    Returns:
+        ``{(block row, block column): devices holding that block, ascending}``.
+    """
+    rows, cols = (_checks.count(f"mesh_shape[{i}]", n) for i, n in enumerate(mesh_shape))
+    if len(axis_names) != 2 or len(set(axis_names)) != 2:
+        raise ValueError(f"axis_names must be two different names, got {axis_names!r}.")
+    spec = tuple(spec) + (None,) * (2 - len(spec))
+    if len(spec) > 2:
+        raise ValueError(f"spec {spec!r} has more entries than the array's 2 dimensions.")
+    for entry in spec:
+        if entry is not None and entry not in axis_names:
+            raise ValueError(f"spec entry {entry!r} is not a mesh axis: use one of "
+                             f"{axis_names} or None.")
+    used = [e for e in spec if e is not None]
+    if len(used) != len(set(used)):
+        raise ValueError(f"spec {spec!r} splits two dimensions over one mesh axis; "
+                         "name each mesh axis at most once.")
+    ids = np.arange(rows * cols).reshape(rows, cols)
+    blocks: dict[tuple[int, int], list[int]] = {}
+    for coord in np.ndindex(rows, cols):
+        block = tuple(0 if e is None else coord[axis_names.index(e)] for e in spec)
+        blocks.setdefault(block, []).append(int(ids[coord]))
+    return {block: tuple(sorted(held)) for block, held in sorted(blocks.items())}
+
+
+def _device_list(devices: tuple[int, ...]) -> str:
+    """``"3"``, ``"0, 4"`` or ``"0-3"`` for a run of consecutive devices."""
+    if len(devices) > 2 and devices == tuple(range(devices[0], devices[-1] + 1)):
+        return f"{devices[0]}-{devices[-1]}"
+    return ", ".join(map(str, devices))
+
+
+def _spec_text(spec: tuple[str | None, ...]) -> str:
+    return "P(" + ", ".join("None" if e is None else repr(e) for e in spec) + ")"
+
+
+def mesh_shardings_diagram(mesh_shape: tuple[int, int] = (2, 4),
+                           axis_names: tuple[str, str] = ("data", "model"),
+                           specs: Sequence[tuple[str | None, ...]] | None = None,
+                           array_shape: tuple[int, int] = (8, 12)) -> plt.Figure:
+    """A 2-D device mesh, and the blocks of one array under several partition specs.
+
+    Top: the mesh, its devices numbered row by row, its axes named. Below: the array once per
+    spec, cut into the blocks :func:`sharding_blocks` gives, each block labelled with the devices
+    that hold it and drawn in the colour of the lowest of them (the mesh's colours). Each
+    device's box carries ``gid = "device i"``, each block's box and label
+    ``"<spec> block r c"`` (spec as ``P('data', None)``).
+
+    Args:
+        mesh_shape: the mesh's shape (1 to 4 rows, 1 to 4 columns).
+        axis_names: the mesh's axis names (rows, columns).
+        specs: 1 to 4 specs; default: split rows, both, columns only, nothing (replicated).
+        array_shape: the array's (rows, columns); each split must divide evenly.
+
+    Returns:
+        The figure.
+    """
+    rows, cols = (_checks.count(f"mesh_shape[{i}]", n) for i, n in enumerate(mesh_shape))
+    if rows > 4 or cols > 4:
+        raise ValueError(f"mesh_shardings_diagram draws meshes of up to 4 x 4 devices, got "
+                         f"{rows} x {cols}.")
+    first, second = axis_names
+    specs = [(first,), (first, second), (None, second), ()] if specs is None else list(specs)
+    if not 1 <= len(specs) <= 4:
+        raise ValueError(f"mesh_shardings_diagram draws 1 to 4 specs, got {len(specs)}.")
+    size = dict(zip(axis_names, (rows, cols)))
+    for spec in specs:
+        for dim, entry in enumerate(spec):
+            if entry in size and array_shape[dim] % size[entry]:
+                raise ValueError(f"{_spec_text(spec)}: dimension {dim} of the array "
+                                 f"({array_shape[dim]}) does not divide over the {size[entry]} "
+                                 f"devices of {entry!r}; choose an array_shape that divides.")
+    cell = 0.7  # a device's box in the mesh
+    array_w = 3.0
+    array_h = array_w * array_shape[0] / array_shape[1]
+    gap = 0.9
+    width = len(specs) * array_w + (len(specs) - 1) * gap
+    mesh_top = array_h + 1.3 + rows * cell
+    xlim, ylim = (-0.1, max(width, cols * cell + 3.6) + 0.1), (-0.15, mesh_top + 0.15)
+    fig, ax = plt.subplots(figsize=(DIAGRAM_MAX_WIDTH_IN, DIAGRAM_MAX_WIDTH_IN
+                                    * (ylim[1] - ylim[0]) / (xlim[1] - xlim[0])))
+    mesh_x = 0.9
+    for r, c in np.ndindex(rows, cols):
+        device = r * cols + c
+        ax.add_patch(Rectangle((mesh_x + c * cell, mesh_top - (r + 1) * cell), cell * 0.92,
+                               cell * 0.92, facecolor=_colour(device), edgecolor="white",
+                               gid=f"device {device}"))
+        ax.text(mesh_x + (c + 0.46) * cell, mesh_top - (r + 0.54) * cell, str(device),
+                ha="center", va="center", fontsize=10, fontweight="bold",
+                color=_text_on(_colour(device)))
+    mesh_bottom = mesh_top - rows * cell
+    _grey_arrow(ax, (mesh_x - 0.2, mesh_top), (mesh_x - 0.2, mesh_bottom))
+    ax.text(mesh_x - 0.3, (mesh_top + mesh_bottom) / 2, repr(first), rotation=90, ha="right",
+            va="center", fontsize=10)
+    _grey_arrow(ax, (mesh_x, mesh_bottom - 0.15), (mesh_x + cols * cell, mesh_bottom - 0.15))
+    ax.text(mesh_x + cols * cell / 2, mesh_bottom - 0.25, repr(second), ha="center", va="top",
+            fontsize=10)
+    ax.text(mesh_x + cols * cell + 0.3, mesh_top - 0.1,
+            f"a mesh of {rows} x {cols} devices,\naxes {first!r} (rows) and {second!r} "
+            f"(columns);\nbelow, an array f32[{array_shape[0]}, {array_shape[1]}] under\n"
+            "each spec, a block labelled with\nthe devices that hold it",
+            ha="left", va="top", fontsize=9)
+    for k, spec in enumerate(specs):
+        blocks = sharding_blocks((rows, cols), axis_names, spec)
+        n_r = 1 + max(b[0] for b in blocks)
+        n_c = 1 + max(b[1] for b in blocks)
+        x0 = k * (array_w + gap)
+        ax.text(x0 + array_w / 2, array_h + 0.1, _spec_text(spec), ha="center", va="bottom",
+                fontsize=10, fontfamily="monospace")
+        for (r, c), held in blocks.items():
+            colour = _colour(held[0])
+            gid = f"{_spec_text(spec)} block {r} {c}"
+            bw, bh = array_w / n_c, array_h / n_r
+            ax.add_patch(Rectangle((x0 + c * bw, array_h - (r + 1) * bh), bw, bh,
+                                   facecolor=colour, edgecolor="white", linewidth=1.5, gid=gid))
+            label = _device_list(held)
+            if len(label) > 3 and bw < 1.0:  # a narrow block: one device per line
+                label = "\n".join(map(str, held))
+            ax.text(x0 + (c + 0.5) * bw, array_h - (r + 0.5) * bh, label, ha="center",
+                    va="center", fontsize=9, color=_text_on(colour), gid=gid)
+    _diagram_axes(ax, xlim, ylim)
+    fig.subplots_adjust(left=0.01, right=0.99, top=0.99, bottom=0.01)
+    return fig
+
+
+RACK_COLOURS = {"gpu": "#76b900", "tray": "#eeeeee", "nvlink": "#1f77b4", "fabric": "#ff7f0e"}
+RACK_MAX_OTHER_RACKS = 3
+
+
+def _rack_rows(rack: hardware.Rack) -> list[str]:
+    """The rack's trays from top to bottom: compute trays, the NVLink switch trays in the
+    middle, then the rest of the compute trays (the upper group has the odd one)."""
+    upper = (rack.compute_trays + 1) // 2
+    return (["compute"] * upper + ["switch"] * rack.nvlink_switch_trays
+            + ["compute"] * (rack.compute_trays - upper))
+
+
+def _draw_rack_trays(ax: Axes, rack: hardware.Rack, x0: float, pitch: float) -> list[float]:
+    """The rack's trays, their GPUs, NICs and NVLink links to the spine; the compute trays'
+    centres (y), top first."""
+    rows = _rack_rows(rack)
+    top = len(rows) * pitch
+    tray_w, gpu = 2.3, 0.8 * pitch
+    spine_x = x0 + 0.12
+    compute_y = []
+    for k, kind in enumerate(rows):
+        y = top - (k + 1) * pitch
+        colour = RACK_COLOURS["nvlink"] if kind == "switch" else RACK_COLOURS["tray"]
+        ax.add_patch(Rectangle((x0 + 0.25, y + 0.05 * pitch), tray_w, 0.9 * pitch,
+                               facecolor=colour, edgecolor="0.4", linewidth=0.5,
+                               gid=f"{kind} tray"))
+        ax.plot([spine_x, x0 + 0.25], [y + pitch / 2] * 2, color=RACK_COLOURS["nvlink"], lw=1.2,
+                gid="nvlink")
+        if kind == "switch":
+            continue
+        compute_y.append(y + pitch / 2)
+        for g in range(rack.gpus_per_tray):
+            ax.add_patch(Rectangle((x0 + 0.35 + g * 1.3 * gpu, y + 0.1 * pitch), gpu, gpu,
+                                   facecolor=RACK_COLOURS["gpu"], edgecolor="black",
+                                   linewidth=0.4, gid="gpu"))
+        for n in range(rack.nics_per_tray):
+            ax.add_patch(Rectangle((x0 + 0.2 + tray_w - (n + 1) * 0.6 * gpu, y + 0.3 * pitch),
+                                   0.5 * gpu, 0.4 * pitch, facecolor="white", edgecolor="black",
+                                   linewidth=0.4, gid="nic"))
+    ax.plot([spine_x] * 2, [pitch / 2, top - pitch / 2], color=RACK_COLOURS["nvlink"], lw=3,
+            gid="nvlink spine")
+    ax.add_patch(Rectangle((x0, -0.05), tray_w + 0.35, top + 0.1, facecolor="none",
+                           edgecolor="black", linewidth=1.2, gid="rack"))
+    return compute_y
+
+
+def nvl72_rack_diagram(rack: hardware.Rack | str = "GB200 NVL72", *,
+                       other_racks: int = 2) -> plt.Figure:
+    """A rack-scale NVLink system and its scale-out network, drawn from the catalog's counts.
+
+    Left, the rack: its compute trays of GPUs (green) and NICs (white), and in the middle its
+    NVLink switch trays (blue), every tray cabled to one NVLink spine, so all its GPUs form one
+    NVLink domain (scale-up). Right, the scale-out network: each compute tray's NICs run to a
+    leaf switch (one line per tray), leaves to spines, and spines to other racks. For the
+    GB200 NVL72 the counts are NVIDIA's: 72 Blackwell GPUs in one NVLink domain, 18 compute
+    trays of 4 GPUs and 9 NVLink switch trays (NVIDIA GB200 NVL72,
+    https://www.nvidia.com/en-us/data-center/gb200-nvl72/, and the DGX GB200 user guide; see
+    ``hardware.rack("GB200 NVL72").source``), and 4 NICs per tray, one per GPU.
+    Boxes carry ``gid`` ``"gpu"``, ``"nic"``, ``"compute tray"``, ``"switch tray"``, ``"leaf"``,
+    ``"spine"`` and ``"other rack"``; the tray-to-leaf lines ``"tray uplink"``.
+
+    Args:
+        rack: a :class:`clusterlab.catalog.hardware.Rack` or its name.
+        other_racks: racks drawn beyond this one, 1 to 3.
+
+    Returns:
+        The figure.
+    """
+    rack = hardware.rack(rack) if isinstance(rack, str) else rack
+    other_racks = _checks.count("other_racks", other_racks)
+    if other_racks > RACK_MAX_OTHER_RACKS:
+        raise ValueError(f"nvl72_rack_diagram draws 1 to {RACK_MAX_OTHER_RACKS} other racks, "
+                         f"got other_racks = {other_racks}.")
+    pitch = 0.2
+    rows = _rack_rows(rack)
+    top = len(rows) * pitch
+    x0 = 2.3
+    fig, ax = plt.subplots(figsize=(DIAGRAM_MAX_WIDTH_IN,
+                                    DIAGRAM_MAX_WIDTH_IN * (top + 1.2) / 10.8))
+    compute_y = _draw_rack_trays(ax, rack, x0, pitch)
+    upper = (rack.compute_trays + 1) // 2
+    labels = [(f"{upper} compute trays,\n{rack.gpus_per_tray} GPUs and "
+               f"{rack.nics_per_tray} NICs each", top - upper * pitch / 2),
+              (f"{rack.nvlink_switch_trays} NVLink\nswitch trays",
+               top - (upper + rack.nvlink_switch_trays / 2) * pitch),
+              (f"{rack.compute_trays - upper} compute trays",
+               (rack.compute_trays - upper) * pitch / 2)]
+    for text, y in labels:
+        ax.text(x0 - 0.1, y, text, ha="right", va="center", fontsize=9)
+    ax.text(x0 + 1.3, top + 0.12, f"{rack.name}: {rack.nvlink_domain_gpus} GPUs,\n"
+            "one NVLink domain (scale-up)", ha="center", va="bottom", fontsize=9,
+            color=RACK_COLOURS["nvlink"], fontweight="bold")
+    nic_x = x0 + 2.55
+    leaf_x, spine_x, other_x = 6.3, 7.9, 9.4
+    leaves = [top * 0.72, top * 0.28]
+    for k, y in enumerate(compute_y):
+        leaf = leaves[0] if k < len(compute_y) / 2 else leaves[1]
+        ax.plot([nic_x, leaf_x - 0.4], [y, leaf], color=RACK_COLOURS["fabric"], lw=0.8,
+                gid="tray uplink")
+    spines = [top * 0.62, top * 0.38]
+    other_ys = list(np.linspace(top * 0.85, top * 0.15, other_racks)) if other_racks > 1 \
+        else [top / 2]
+    for leaf in leaves:
+        for spine in spines:
+            ax.plot([leaf_x + 0.4, spine_x - 0.4], [leaf, spine], color=RACK_COLOURS["fabric"],
+                    lw=2)
+    for spine in spines:
+        for y in other_ys:
+            ax.plot([spine_x + 0.4, other_x - 0.45], [spine, y], color=RACK_COLOURS["fabric"],
+                    lw=2)
+    for name, x, ys in (("leaf", leaf_x, leaves), ("spine", spine_x, spines)):
+        for y in ys:
+            ax.add_patch(Rectangle((x - 0.4, y - 0.18), 0.8, 0.36,
+                                   facecolor=RACK_COLOURS["fabric"], edgecolor="black", lw=0.8,
+                                   gid=name))
+            ax.text(x, y, name, ha="center", va="center", fontsize=9)
+    for y in other_ys:
+        ax.add_patch(Rectangle((other_x - 0.45, y - 0.3), 1.1, 0.6, facecolor=RACK_COLOURS["tray"],
+                               edgecolor="black", lw=1, gid="other rack"))
+        ax.text(other_x + 0.1, y, "another\nrack", ha="center", va="center", fontsize=9)
+    ax.text((leaf_x + spine_x) / 2, top + 0.12, "scale-out network:\nInfiniBand or Ethernet",
+            ha="center", va="bottom", fontsize=9, color=RACK_COLOURS["fabric"],
+            fontweight="bold")
+    ax.text(nic_x + 0.1, -0.12, "orange line: one compute tray's NICs", ha="left", va="top",
+            fontsize=9, color="0.3")
+    _diagram_axes(ax, (-0.1, 10.7), (-0.5, top + 0.7))
     fig.subplots_adjust(left=0.0, right=1.0, top=1.0, bottom=0.0)
     return fig
