@@ -22,6 +22,8 @@ The rows:
 
 FP8 training is held apart (:func:`fp8_validation_table`): three Llama 3 runs on H100 from
 NVIDIA's Megatron-Bridge performance summary (:mod:`clusterlab.catalog.published.fp8_runs`).
+Mixtures of experts too (:func:`moe_validation_table`): GPT-OSS 120B on 64 H100 in BF16
+(:mod:`clusterlab.catalog.published.moe_runs`).
 
 Vocabularies (the output layer, priced on the last pipeline stage): Megatron-LM's GPT models
 51,200 (Narayanan et al. 2021, section 5.1; Korthikanti et al. train the same models), PaLM
@@ -38,10 +40,10 @@ import statistics
 from dataclasses import dataclass
 
 from clusterlab.analytic.plan.prediction import Plan, predict, predict_published
-from clusterlab.analytic.plan.workload import (Assumptions, cluster, Layout, Workload,
+from clusterlab.analytic.plan.workload import (Assumptions, cluster, Layout, MoE, Workload,
                                                shape_params)
 from clusterlab.catalog import hardware
-from clusterlab.catalog.published import fp8_runs, training_runs
+from clusterlab.catalog.published import fp8_runs, moe_runs, training_runs
 
 #: The metric of the FP8 rows (fp8_validation_table)
 TOKENS_METRIC = "tokens/s per GPU"
@@ -212,6 +214,49 @@ def fp8_validation_table(*, precision: str = "fp8") -> list[ValidationRow]:
         rows.append(ValidationRow(f"{run.name}, {run.n_gpus} {run.gpu}, FP8", TOKENS_METRIC,
                                   run.tokens_per_s_per_gpu, tokens_per_s_per_gpu(predicted),
                                   "FP8", "megatron_bridge_perf", False, predicted))
+    return rows
+
+
+def unstated_memory_note(plan: Plan) -> str:
+    """The note of a published layout that does not fit the planner's memory model when its
+    source does not say how it fit (empty when it fits)."""
+    if plan.fits:
+        return ""
+    return (f"needs {plan.memory_bytes / 2**30:.1f} GiB of {plan.memory_limit_bytes / 2**30:.1f} "
+            f"GiB usable in the planner's model without recomputation; the published table "
+            f"does not say what the run recomputed or offloaded to fit")
+
+
+def moe_plan(run: moe_runs.MoeRun) -> Plan:
+    """The planner's prediction of one published mixture-of-experts run
+    (:mod:`clusterlab.catalog.published.moe_runs`) under its layout, ZeRO-1 (Megatron's
+    distributed optimizer), no recomputation."""
+    layers, width, heads, kv_heads, experts, top_k, expert_mlp, vocab = (
+        moe_runs.GPT_OSS_120B_SHAPE)
+    spec = MoE(experts, top_k, expert_mlp)
+    n_params = shape_params(layers, width, n_heads=heads, n_kv_heads=kv_heads,
+                            vocab_size=vocab, moe=spec)
+    workload = Workload(n_params, run.seq_len, run.global_batch, n_layers=layers,
+                        d_model=width, n_heads=heads, n_kv_heads=kv_heads, vocab_size=vocab,
+                        moe=spec)
+    layout = Layout(dp=run.dp, tp=run.tp, pp=run.pp, ep=run.ep, zero_stage=1,
+                    micro_batch=run.micro_batch)
+    return predict(workload, cluster(run.gpu, run.n_gpus, storage_read_bytes_per_s=1e12),
+                   layout)
+
+
+def moe_validation_table() -> list[ValidationRow]:
+    """The published mixture-of-experts runs, tokens per second per GPU, each predicted under
+    the planner's defaults; none sets a parameter. The planner's experts run as one balanced
+    MLP at a dense GEMM's efficiency (prediction._compute_s), so these rows measure how far
+    that simplification carries."""
+    rows = []
+    for run in moe_runs.ROWS:
+        predicted = moe_plan(run)
+        rows.append(ValidationRow(f"{run.name}, {run.n_gpus} {run.gpu}, NeMo {run.release}",
+                                  TOKENS_METRIC, run.tokens_per_s_per_gpu,
+                                  tokens_per_s_per_gpu(predicted), "MoE", "megatron_bridge_perf",
+                                  False, predicted, unstated_memory_note(predicted)))
     return rows
 
 
