@@ -11,7 +11,22 @@ division by p too many show; and read the compiled program's collectives: all-re
 one per gradient leaf or fewer where XLA's combiner merges them (1 to 4 accepted), carrying the
 gradient's bytes in all (4 bytes x parameters), so a program that all-gathers the batch and
 computes the whole batch on every device is refused.
+
+``lab03.5`` is bucketed data parallelism with gradient accumulation: ``bucketed_accumulated_grads``
+takes the same copies of the blocks and this device's A micro-batches f32[A, b, D] (the global
+f32[p A, b, D] split along its first axis). The hidden tests run it on 2, 4 and 8 devices with
+models, micro-batch counts and sizes the lab never shows, against one device's ``jax.grad`` of
+the mean loss on all p A b examples, and read its program compiled with XLA's all-reduce combiner
+off (:data:`clusterlab.device.hlo.SEPARATE_ALL_REDUCES`), loop trips counted: all-reduces only,
+one per bucket of ``BUCKET_BYTES`` of the flat gradient (sizes from
+:func:`clusterlab.analytic.costmodel.gradient_buckets`), issued once per step, after the last
+micro-batch. One fused all-reduce, one per gradient array, or a reduction per micro-batch shows
+there; a sum for the mean, or a micro-batch left out of the accumulation, shows in the gradients.
+Its source locations must name no file of ``clusterlab.device.collectives`` or
+``clusterlab.device.parallel``: the library's bucketing is what the student builds.
 """
+
+import re
 
 from typing import NamedTuple
 
@@ -112,6 +127,92 @@ def _check_grads(programs) -> None:
                              4 * models.param_count(blocks))
 
 
+# ---- lab03.5: bucketed data parallelism with gradient accumulation -----------------------------
+
+BUCKET_BYTES = 4096     # the lab's given bucket size (its skeleton cell defines the same)
+# a source location in the library modules that already bucket (JAX keeps file names in the
+# exported StableHLO's locations)
+_LIBRARY_LOCATION = re.compile(r'"[^"]*clusterlab/device/(?:collectives\.py|parallel/)[^"]*"')
+
+
+class _AccumulationCase(NamedTuple):
+    """One hidden case of lab03.5: p devices, A micro-batches of b examples on each."""
+
+    devices: int
+    n_blocks: int
+    d_model: int
+    d_hidden: int
+    microbatches: int
+    microbatch_size: int
+    seed: int
+
+    @property
+    def name(self) -> str:
+        return (f"{self.devices} devices, {self.n_blocks} block(s) of D = {self.d_model}, "
+                f"H = {self.d_hidden}, {self.microbatches} micro-batches of "
+                f"{self.microbatch_size}")
+
+    def as_case(self) -> _Case:
+        """The same model and the whole global batch, as :func:`_inputs` builds them."""
+        return _Case(self.devices, self.n_blocks, self.d_model, self.d_hidden,
+                     self.devices * self.microbatches * self.microbatch_size, self.seed)
+
+
+# the lab shows 4 devices, 2 blocks of D = 32, H = 64, 2 micro-batches of 8 (33,536 B in 9
+# buckets); these cut 9,696 B into 3 buckets, 8,192 B into exactly 2, 7,936 B into 2
+_ACCUMULATION_CASES = (_AccumulationCase(2, 3, 16, 24, 3, 4, 311),
+                       _AccumulationCase(4, 4, 12, 20, 2, 3, 312),
+                       _AccumulationCase(8, 1, 24, 40, 4, 2, 313))
+
+
+def _accumulation_args(case: _AccumulationCase) -> list[tuple[tuple[int, ...], str]]:
+    p, n, d, h = case.devices, case.n_blocks, case.d_model, case.d_hidden
+    micro = (p * case.microbatches, case.microbatch_size, d)
+    shapes = [(p, n, d, h), (p, n, h), (p, n, h, d), (p, n, d), micro, micro]
+    return [(shape, "float32") for shape in shapes]
+
+
+def _require_buckets(test: str, program: grading.Program, args: list,
+                     gradient_bytes: int) -> None:
+    """Refuse unless the program, compiled with the combiner off, runs all-reduces only, one
+    per bucket: gradient_buckets(gradient_bytes, BUCKET_BYTES) in sizes, once per step."""
+    compiled = jax.jit(program.exported.call, compiler_options=hlo.SEPARATE_ALL_REDUCES)
+    ops = hlo.executed_collectives(compiled, *program.place(*args))
+    found = sorted(op.bytes for op in ops if op.kind == "all-reduce")
+    expected = sorted(costmodel.gradient_buckets(gradient_bytes, BUCKET_BYTES))
+    if {op.kind for op in ops} != {"all-reduce"} or found != expected:
+        raise grading.Refused(
+            f"{test}: its program, XLA's combiner off, runs {len(ops)} collectives "
+            f"{sorted({(op.kind, op.bytes) for op in ops})}; the {gradient_bytes} B gradient in "
+            f"buckets of {BUCKET_BYTES} B is {len(expected)} all-reduces of "
+            f"{sorted(set(expected))} B, once per step. Hint: flatten the accumulated gradient, "
+            "cut it into BUCKET_BYTES pieces (the last holds the rest), one pmean each, after "
+            "the last micro-batch.")
+
+
+def _require_own_bucketing(test: str, program: grading.Program) -> None:
+    library = sorted(set(_LIBRARY_LOCATION.findall(program.exported.mlir_module())))
+    if library:
+        raise grading.Refused(f"{test}: its program runs code of {library[0]}. Hint: write the "
+                              "buckets yourself with jax.numpy and jax.lax.pmean.")
+
+
+def _check_accumulation(programs) -> None:
+    for program, case in zip(programs, _ACCUMULATION_CASES):
+        blocks, copies, x, y = _inputs(case.as_case())
+        shape = (case.devices * case.microbatches, case.microbatch_size, case.d_model)
+        args = [*copies, x.reshape(shape), y.reshape(shape)]
+        expected = models.stack_copies(_by_layer(models.reference_gradients(blocks, x, y)),
+                                       case.devices)                 # f32[p, L, ...] each
+        grading.require_close(
+            f"gradients on {case.name}", dict(zip(_LEAVES, program(*args))), expected,
+            hint="the loss is the mean over all p x A micro-batches: add the A micro-batches' "
+                 "gradients, divide by A, then average over the devices (pmean, not psum).")
+        _require_buckets(f"{case.name}: its buckets", program, args,
+                         4 * models.param_count(blocks))
+        _require_own_bucketing(f"{case.name}: written by hand", program)
+
+
 KEY = {
     "lab03.1": grading.close(_bf16_bytes_on_16, name="bytes sent",
                              hint="Start from the gradient's size in bf16; what share of it does "
@@ -130,4 +231,11 @@ KEY = {
              "turns the p devices' gradients into the whole batch's mean-loss gradient.",
         exports=[grading.Export(args=_args(case), n_devices=case.devices, wrap="shard_map",
                                 axis=_AXIS) for case in _CASES]),
+    "lab03.5": grading.code(
+        _check_accumulation, name="bucketed, accumulated gradient",
+        hint="Accumulate the A micro-batches' gradients on the device, then reduce the flat "
+             "gradient bucket by bucket, one pmean per BUCKET_BYTES.",
+        exports=[grading.Export(args=_accumulation_args(case), n_devices=case.devices,
+                                wrap="shard_map", axis=_AXIS)
+                 for case in _ACCUMULATION_CASES]),
 }
