@@ -7,6 +7,14 @@ Hidden tests on 2, 4 and 8 devices with widths and batches the lab never shows c
 with ``models.mlp_block`` on one device and every gradient with ``jax.vjp`` of it, and require
 exactly one all-reduce of B x D x 4 bytes in each compiled program.
 
+``lab04.6`` is the same block under Megatron's sequence parallelism: the tokens x f32[T, D]
+split over the devices (f32[T/t, D] each), the weights as in ``lab04.3``. Hidden tests on 2, 4 and
+8 devices with widths and token counts the lab never shows compare the output, f32[T/t, D] per
+device, with ``models.mlp_block`` on one device, and require exactly one all-gather of the T x D
+tokens and one reduce-scatter to T/t x D (float32), nothing else: the all-reduce kept, a
+reduce-scatter along the wrong axis or a missing gather fails by name. Its source locations must
+name no file of ``clusterlab.device.collectives`` or ``clusterlab.device.parallel``.
+
 The backward must be written by hand, and the grader holds that rule from the exported program.
 JAX (0.10.2 here) names every operation it lowers after its transformation stack: what autodiff
 derives carries ``jvp(...)`` (linearisation) or ``transpose(...)`` (the backward) in its source
@@ -194,3 +202,68 @@ KEY["lab04.4"] = grading.code(
     _check_backward, name="Megatron MLP backward",
     hint="Write the backward by hand: the chain rule through relu, one psum of dx.",
     exports=[_export(case, with_dy=True) for case in _CASES])
+
+
+# ---- lab04.6: the block under sequence parallelism (all-gather, reduce-scatter) ---------------
+
+# a source location in the library's parallel code (JAX keeps file names in the exported program)
+_LIBRARY_LOCATION = re.compile(r'"[^"]*clusterlab/device/(?:collectives\.py|parallel/)[^"]*"')
+
+
+class _SequenceCase(NamedTuple):
+    """One hidden case of lab04.6: t devices, T tokens of width D, hidden width H."""
+
+    devices: int
+    d_model: int
+    d_hidden: int
+    tokens: int
+    seed: int
+
+    @property
+    def name(self) -> str:
+        return (f"{self.devices} devices, T = {self.tokens} tokens, D = {self.d_model}, "
+                f"H = {self.d_hidden}")
+
+
+# the lab shows 4 devices, T = 32, D = 16, H = 32; none of these
+_SEQUENCE_CASES = (_SequenceCase(2, 6, 10, 6, 461), _SequenceCase(4, 8, 12, 12, 462),
+                   _SequenceCase(8, 8, 16, 24, 463))
+
+
+def _sequence_export(case: _SequenceCase) -> grading.Export:
+    t, d, h, n = case.devices, case.d_model, case.d_hidden, case.tokens
+    shapes = [(n, d), (t, d, h // t), (t, h // t), (t, h // t, d), (t, d)]
+    return grading.Export(args=[(s, "float32") for s in shapes], n_devices=t, wrap="shard_map",
+                          axis=_AXIS)
+
+
+def _check_sequence_parallel(programs) -> None:
+    for program, case in zip(programs, _SEQUENCE_CASES):
+        block, x, _ = _inputs(_Case(case.devices, case.d_model, case.d_hidden, case.tokens,
+                                    case.seed))
+        args = [x, *_split(block, case.devices)]
+        grading.require_close(
+            f"output on {case.name}", program(*args), np.asarray(models.mlp_block(block, x)),
+            hint="gather all T tokens, run this device's columns and rows on them, and "
+                 "reduce-scatter the partial output along the tokens (axis 0); add this "
+                 "device's own tokens and b2 once, after it.")
+        ops = sorted((op.kind, op.bytes) for op in program.collective_ops(*args))
+        expected = [("all-gather", 4 * x.size), ("reduce-scatter", 4 * x.size // case.devices)]
+        if ops != expected:
+            raise grading.Refused(
+                f"{case.name}: its collectives: its program runs {ops}; sequence parallelism "
+                f"runs one all-gather of the T x D tokens and one reduce-scatter to this "
+                f"device's T/t x D, {expected}, in place of the all-reduce. Hint: "
+                "jax.lax.all_gather(..., tiled=True) before w1, jax.lax.psum_scatter(..., "
+                "tiled=True) after w2.")
+        library = sorted(set(_LIBRARY_LOCATION.findall(program.exported.mlir_module())))
+        if library:
+            raise grading.Refused(f"{case.name}: written by hand: its program runs code of "
+                                  f"{library[0]}. Hint: use jax.lax collectives only.")
+
+
+KEY["lab04.6"] = grading.code(
+    _check_sequence_parallel, name="sequence-parallel MLP block",
+    hint="All-gather the tokens before the column-parallel matmul, reduce-scatter the "
+         "row-parallel output over the tokens: no all-reduce.",
+    exports=[_sequence_export(case) for case in _SEQUENCE_CASES])

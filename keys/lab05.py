@@ -92,10 +92,10 @@ def _require_hand_written_backward(test: str, program: grading.Program) -> None:
     sends, derived = _autodiff_sends(text)
     if derived:
         raise grading.Refused(
-            f"{test}: {derived} of the {sends} collective-permutes in its program come from JAX's autodiff "
-            "(jax.grad or jax.vjp through the ticks that send). Hint: run the backward ticks "
-            "yourself: jax.vjp of one stage's blocks only, and your own ppermute of the "
-            "input's gradient to stage s - 1.")
+            f"{test}: {derived} of the {sends} collective-permutes in its program come from "
+            "JAX's autodiff (jax.grad or jax.vjp through the ticks that send). Hint: run the "
+            "backward ticks yourself: jax.vjp of one stage's blocks only, and your own "
+            "ppermute of the input's gradient to stage s - 1.")
 
 
 class _Case(NamedTuple):

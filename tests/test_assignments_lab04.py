@@ -14,7 +14,8 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from assignment_support import KEYS, assert_fails_by_name, lab_sources, solution_functions
+from assignment_support import (KEYS, assert_fails_by_name, judge_solution, lab_sources,
+                                solution_functions)
 from clusterlab.course import grading
 
 _LAB04 = lab_sources("04", ["lab04-megatron-forward", "lab04-megatron-backward"])
@@ -91,3 +92,45 @@ def _megatron_grads_by_grad(x, w1, b1, w2, dy, axis_name):
 def test_lab04_backward_by_autodiff_fails_by_name(submission):
     verdict = grading.judge(_KEY04, "lab04.4", submission, {})
     assert_fails_by_name(verdict, f"{_FIRST04}: written by hand")
+
+
+# --- lab04.6: the block under sequence parallelism ---------------------------------------------
+
+_LAB04_SEQUENCE = lab_sources("04", ["lab04-sequence-parallel"])
+_FIRST_SEQUENCE = "2 devices, T = 6 tokens, D = 6, H = 10"   # the first hidden case
+_GATHER = "jax.lax.all_gather(x, axis_name, tiled=True)"
+_SCATTER = "jax.lax.psum_scatter(partial, axis_name, scatter_dimension=0, tiled=True)"
+
+
+def test_lab04_sequence_parallel_solution_passes_on_2_4_and_8_devices():
+    assert sorted(e.n_devices for e in _KEY04["lab04.6"].exports) == [2, 4, 8]
+    verdict = judge_solution(_KEY04, "lab04.6", _LAB04_SEQUENCE, "sequence_parallel_mlp")
+    assert verdict.passed, verdict.line
+
+
+@pytest.mark.parametrize("planted, failed", [
+    ((_SCATTER, "jax.lax.dynamic_slice_in_dim(jax.lax.psum(partial, axis_name), "
+                "jax.lax.axis_index(axis_name) * x.shape[0], x.shape[0])"),
+     f"{_FIRST_SEQUENCE}: its collectives"),
+    ((_SCATTER, "jax.lax.psum_scatter(partial, axis_name, scatter_dimension=1, "
+                "tiled=True).reshape(x.shape)"),
+     f"output on {_FIRST_SEQUENCE}"),
+    ((_GATHER, "jnp.tile(x, (jax.lax.axis_size(axis_name), 1))"),
+     f"output on {_FIRST_SEQUENCE}"),
+    (("return x + mine + b2[0]", "return jax.lax.all_gather(x + mine + b2[0], axis_name, "
+                                 "tiled=True)[:x.shape[0]]"),
+     f"output on {_FIRST_SEQUENCE}"),
+    (("@ w2[0]", "@ w2[0] + b2[0]"), f"output on {_FIRST_SEQUENCE}"),
+], ids=["the all-reduce kept (then this device's rows)",
+        "reduce-scatter along the wrong axis (features, reshaped)",
+        "the gather missing (this device's tokens repeated)",
+        "every device returns the first device's rows", "b2 added before the reduce-scatter"])
+def test_lab04_sequence_parallel_planted_bug_fails_its_hidden_test_by_name(planted, failed):
+    verdict = judge_solution(_KEY04, "lab04.6", _LAB04_SEQUENCE, "sequence_parallel_mlp", planted)
+    assert_fails_by_name(verdict, failed)
+
+
+def test_lab04_sequence_parallel_skeleton_is_refused_with_its_error():
+    skeleton = solution_functions(_LAB04_SEQUENCE[:1])["sequence_parallel_mlp"]
+    verdict = grading.judge(_KEY04, "lab04.6", skeleton, {})
+    assert not verdict.passed and "raised NotImplementedError" in verdict.line

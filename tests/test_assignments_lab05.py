@@ -1,8 +1,8 @@
 """Lab 05's GPipe backward (lab05.4) must be a backward schedule written by hand: ``jax.grad``
 through the forward ticks computes the right gradients with the right number of sends, and the
 key refuses it by name, from the exported program (the review's M3). The rule is the last test of
-each hidden case, so failing by its name shows the gradients and the sends passed before it. The solution and the other
-planted bugs are in tests/test_assignments_lab05_06.py.
+each hidden case, so failing by its name shows the gradients and the sends passed before it. The
+solution and the other planted bugs are in tests/test_assignments_lab05_06.py.
 """
 
 from __future__ import annotations
