@@ -36,7 +36,9 @@ class _Page(HTMLParser):
     """The figures (``<img>`` outside ``_static/``) and glued texts of a rendered HTML page.
 
     Images in cells tagged hide-output or hide-cell are left out: the HTML folds them away and
-    Jupyter Book's LaTeX leaves them out of the PDF on purpose (sphinx-jupyterbook-latex).
+    Jupyter Book's LaTeX leaves them out of the PDF on purpose (sphinx-jupyterbook-latex). An
+    explorer (``div.cl-explorer``, clusterlab.course.explorers) counts as one figure: the PDF
+    prints its static figure in its place.
     """
 
     HIDDEN = {"tag_hide-output", "tag_hide-cell"}
@@ -51,7 +53,10 @@ class _Page(HTMLParser):
     def handle_starttag(self, tag, attrs):
         attrs = dict(attrs)
         if tag == "div":
-            self._divs.append(bool(self.HIDDEN & set((attrs.get("class") or "").split())))
+            classes = set((attrs.get("class") or "").split())
+            self._divs.append(bool(self.HIDDEN & classes))
+            if "cl-explorer" in classes:
+                self.images.append(attrs["id"])
         if tag == "img" and "_static/" not in (attrs.get("src") or "") and not any(self._divs):
             self.images.append(Path(attrs["src"]).name)
         if tag == "span" and "pasted-text" in (attrs.get("class") or "").split():
