@@ -8,6 +8,7 @@ test asserts the exact verdict lines. Sandbox limits are small so that each run 
 from __future__ import annotations
 
 import csv
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -145,7 +146,8 @@ def test_without_bubblewrap_grading_refuses_and_names_the_fix(tmp_path, monkeypa
     status = grading.main([str(fixture_submission(tmp_path, HONEST))], key_dir=str(FIXTURE_KEYS),
                           timeout_s=30)
     assert status == 2
-    assert capsys.readouterr().err.splitlines() == [
+    errors = capsys.readouterr().err.splitlines()
+    assert [line for line in errors if not line.startswith("note: ")] == [
         "error: grading runs each submission in bubblewrap, which is not installed: run "
         "tests/system_deps.sh (apt-get install bubblewrap)."]
 
@@ -163,3 +165,26 @@ def test_a_program_calling_outside_xla_is_refused():
     assert grading.from_data(data, [export]) == (
         "its program calls lapack_sgetrf_ffi, lapack_strsm_ffi outside XLA, which the grader "
         "does not run: compute it without host callbacks or library calls.")
+
+
+def test_no_user_namespace_inside_and_a_missing_cgroup_named_once_per_batch(tmp_path, capsys):
+    # The notebook reports through its first answer whether `unshare -Urm true` failed (2.5,
+    # right) or ran (0.0); outside the sandbox, on this platform, it runs: the control.
+    probe = ("import subprocess\nmade = subprocess.run(['unshare', '-Urm', 'true'], "
+             "capture_output=True).returncode == 0\ncheck.answer('lab98.1', 0.0 if made else 2.5)")
+    outside = subprocess.run(["unshare", "-Urm", "true"], capture_output=True)
+    bad = fixture_submission(tmp_path / "bad", [HONEST[0], probe, *HONEST[2:]], "98-userns.ipynb")
+    good = fixture_submission(tmp_path / "good", HONEST, "98-good.ipynb")
+    grading.main([str(bad), str(good)], key_dir=str(FIXTURE_KEYS), timeout_s=30, limits=SMALL)
+    captured = capsys.readouterr()
+    if sandbox.seccomp_unavailable():
+        assert f"note: {sandbox.seccomp_unavailable()}." in captured.err.splitlines()
+    else:
+        assert outside.returncode == 0, outside.stderr        # the probe can tell
+        assert captured.out.count("  total: 3/3 exercises correct") == 2, captured.out
+    capped, why = sandbox.whole_submission_cap()
+    if capped:
+        assert sandbox._capped(SMALL)[:2] == ["systemd-run", "--scope"]
+    else:
+        assert "systemd-run" in why
+        assert captured.err.splitlines().count(f"note: {why}.") == 1

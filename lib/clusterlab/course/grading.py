@@ -845,6 +845,8 @@ def main(submissions: Sequence[str], *, key_dir: str, timeout_s: float,
                                else seed)
     print(f"hidden inputs from seed {run_seed()} (--seed {run_seed()} draws them again)",
           flush=True)
+    for missing in sandbox.missing_protections():
+        print(f"note: {missing}.", file=sys.stderr)
     status = 0
     with open(csv_path, "w", newline="") if csv_path else contextlib.nullcontext() as handle:
         writer = csv.writer(handle) if handle else None

@@ -6,18 +6,26 @@ unprivileged user ``nobody`` inside ``bwrap``: the whole file system read-only, 
 ``hide`` (the keys, the submissions' folders, the instructor's home) replaced by empty ones, its
 temporary folder the only writable place, no network (``--unshare-all``: no interface but a
 down loopback), its own process and IPC namespaces, killed with the grader. ``setrlimit``
-bounds its CPU time, address space and processes (a fork bomb stops at ``processes``), and
-the grader's timeout its wall-clock time. What it hands back is data (one JSON file).
+bounds its CPU time, address space, processes (a fork bomb stops at ``processes``) and file
+size, and the grader's timeout its wall-clock time. A seccomp filter (:func:`seccomp_filter`)
+refuses new user namespaces (no ``unshare -Urm``) and system calls a notebook has no use for;
+``/tmp`` and ``/dev/shm`` are sized tmpfs. Where systemd runs, a cgroup caps the memory and
+tasks of the whole submission (:func:`whole_submission_cap`); elsewhere the grader says once
+per batch that it is missing. What it hands back is data (one JSON file).
 """
 
 from __future__ import annotations
 
 import ast
+import errno
+import functools
 import importlib.util
 import json
 import os
+import platform
 import shutil
 import signal
+import struct
 import subprocess
 import sys
 import tempfile
@@ -45,6 +53,7 @@ class Limits:
         processes: processes and threads of the user ``nobody``.
         wall_s: the whole run, wall clock (None: no limit).
         file_bytes: the largest file it may write (RLIMIT_FSIZE).
+        tmpfs_bytes: the size of each memory-backed folder it may write (``/tmp``, ``/dev/shm``).
     """
 
     cpu_s: int = 1800
@@ -52,6 +61,7 @@ class Limits:
     processes: int = 512
     wall_s: float | None = 1800
     file_bytes: int = 256 * 2**20
+    tmpfs_bytes: int = 64 * 2**20
 
 
 def limited(limits: Limits) -> list[str]:
@@ -71,7 +81,9 @@ def _as_nobody() -> list[str]:
     return ["setpriv", f"--reuid={_NOBODY}", f"--regid={_NOBODY}", "--clear-groups", "--"]
 
 
-def _bwrap_command(work: Path, hide: Sequence[Path], binds: Sequence[str] = ()) -> list[str]:
+def _bwrap_command(work: Path, hide: Sequence[Path], binds: Sequence[str] = (),
+                   tmpfs_bytes: int = Limits.tmpfs_bytes, seccomp_fd: int | None = None
+                   ) -> list[str]:
     if shutil.which(_BWRAP) is None:
         raise SandboxUnavailable("grading runs each submission in bubblewrap, which is not "
                                  "installed: run tests/system_deps.sh (apt-get install "
@@ -81,8 +93,12 @@ def _bwrap_command(work: Path, hide: Sequence[Path], binds: Sequence[str] = ()) 
     # are simply not there. ``hide`` empties any of them that one of those binds still holds.
     keep = {Path(p).resolve() for p in (sys.prefix, sys.base_prefix,
                                         Path(clusterlab.__file__).parent.parent)}
+    # the memory-backed folders are sized: a file there is memory no rlimit counts
     command = [_BWRAP, "--ro-bind", "/usr", "/usr", "--ro-bind", "/etc", "/etc", "--dev", "/dev",
-               "--proc", "/proc", "--tmpfs", "/tmp"]
+               "--size", str(tmpfs_bytes), "--tmpfs", "/dev/shm", "--proc", "/proc",
+               "--size", str(tmpfs_bytes), "--tmpfs", "/tmp"]
+    if seccomp_fd is not None:
+        command += ["--seccomp", str(seccomp_fd)]
     for link in ("bin", "lib", "lib64", "sbin"):
         target = Path("/", link)
         if target.is_symlink():
@@ -152,6 +168,97 @@ def _guarded_source(text: str, module: str, functions: Sequence[str]) -> str:
     return "".join(lines)
 
 
+# The seccomp filter bwrap loads before it starts the submission (--seccomp FD): classic BPF over
+# struct seccomp_data (nr at offset 0, arch at 4, the first argument's low word at 16), for
+# x86_64 only; any other architecture gets no filter and says so (seccomp_unavailable).
+_AUDIT_ARCH_X86_64 = 0xC000003E
+_X32_SYSCALL_BIT = 0x40000000
+_CLONE_NEWUSER = 0x10000000
+_CLONE, _UNSHARE, _CLONE3 = 56, 272, 435
+# calls a notebook has no use for that reach into the kernel's less-trodden paths (flatpak's list,
+# less what Python needs): ptrace, syslog, vhangup, pivot_root, chroot, acct, mount, umount2,
+# swapon, swapoff, reboot, init/delete_module, quotactl, lookup_dcookie, kexec_load, add_key,
+# request_key, keyctl, perf_event_open, name_to_handle_at, open_by_handle_at, setns,
+# finit_module, kexec_file_load, bpf, userfaultfd, io_uring_*, the new mount API
+_DENIED_X86_64 = (101, 103, 153, 155, 161, 163, 165, 166, 167, 168, 169, 175, 176, 179, 212,
+                  246, 248, 249, 250, 298, 303, 304, 308, 313, 320, 321, 323, 425, 426, 427, 428,
+                  429, 430, 431, 432, 433, 442)
+_LD_ABS, _JEQ, _JGE, _JSET, _RET = 0x20, 0x15, 0x35, 0x45, 0x06
+_ALLOW, _KILL_PROCESS, _ERRNO = 0x7FFF0000, 0x80000000, 0x00050000
+
+
+def seccomp_filter() -> bytes | None:
+    """The sandbox's seccomp program (``struct sock_filter`` array), or None on an architecture
+    it is not written for (:func:`seccomp_unavailable` says so).
+
+    It refuses (EPERM) new user namespaces (``clone`` or ``unshare`` with ``CLONE_NEWUSER``: no
+    ``unshare -Urm``, bubblewrap's ``--disable-userns`` without a user namespace of its own),
+    ``clone3`` (ENOSYS: its flags sit in memory a filter cannot read; the C library falls back to
+    ``clone``), x32 calls, and the calls of ``_DENIED_X86_64``; other architectures' calls kill.
+    """
+    if platform.machine() != "x86_64":
+        return None
+    deny, enosys, flags = "deny", "enosys", "flags"
+    program: list[tuple[int, object, object, int]] = [
+        (_LD_ABS, 0, 0, 4), (_JEQ, 1, 0, _AUDIT_ARCH_X86_64), (_RET, 0, 0, _KILL_PROCESS),
+        (_LD_ABS, 0, 0, 0), (_JGE, deny, 0, _X32_SYSCALL_BIT)]
+    program += [(_JEQ, deny, 0, number) for number in _DENIED_X86_64]
+    program += [(_JEQ, flags, 0, _CLONE), (_JEQ, flags, 0, _UNSHARE), (_JEQ, enosys, 0, _CLONE3),
+                (_RET, 0, 0, _ALLOW)]
+    labels = {flags: len(program)}
+    program += [(_LD_ABS, 0, 0, 16), (_JSET, deny, 0, _CLONE_NEWUSER), (_RET, 0, 0, _ALLOW)]
+    labels[deny] = len(program)
+    program.append((_RET, 0, 0, _ERRNO | errno.EPERM))
+    labels[enosys] = len(program)
+    program.append((_RET, 0, 0, _ERRNO | errno.ENOSYS))
+
+    def offset(at: int, target) -> int:   # a jump counts from the next instruction
+        return labels[target] - at - 1 if isinstance(target, str) else target
+
+    return b"".join(struct.pack("<HBBI", code, offset(at, jt), offset(at, jf), k)
+                    for at, (code, jt, jf, k) in enumerate(program))
+
+
+def seccomp_unavailable() -> str:
+    """Why the sandbox runs without a seccomp filter ("" when it has one)."""
+    if seccomp_filter() is None:
+        return (f"the sandbox's seccomp filter is written for x86_64, not {platform.machine()}: "
+                "submissions may create user namespaces and make every system call")
+    return ""
+
+
+@functools.cache
+def whole_submission_cap() -> tuple[bool, str]:
+    """Whether a cgroup can cap a whole submission's memory and tasks here
+    (``systemd-run --scope -p MemoryMax= -p TasksMax=``), and if not, one line saying what is
+    missing; probed once per process."""
+    if shutil.which("systemd-run") is None:
+        return False, ("no memory or task cap over a whole submission: systemd-run is not "
+                       "installed (apt-get install systemd); each process keeps its own limits")
+    probe = subprocess.run(["systemd-run", "--scope", "--quiet", "-p", "MemoryMax=64M",
+                            "-p", "TasksMax=8", "true"], capture_output=True, text=True)
+    if probe.returncode != 0:
+        why = (probe.stderr.strip().splitlines() or [f"status {probe.returncode}"])[0][:160]
+        return False, ("no memory or task cap over a whole submission: systemd-run cannot make "
+                       f"a cgroup here ({why}); each process keeps its own limits")
+    return True, ""
+
+
+def missing_protections() -> list[str]:
+    """What this platform's sandbox lacks (no seccomp filter, no cgroup over a whole
+    submission), one line each; empty when it has everything."""
+    return [why for why in (seccomp_unavailable(), whole_submission_cap()[1]) if why]
+
+
+def _capped(limits: Limits) -> list[str]:
+    # The cgroup counts every process of the submission together, and memory rlimits do not
+    # see: a tmpfs file, the page cache of its own writes.
+    if not whole_submission_cap()[0]:
+        return []
+    return ["systemd-run", "--scope", "--quiet", "--collect", "-p",
+            f"MemoryMax={limits.memory_bytes}", "-p", f"TasksMax={limits.processes}", "--"]
+
+
 def _crossable_parents(folder: Path) -> list[str]:
     # bwrap makes a bind's missing parents with mode 0700, which nobody could not cross
     parents = [p for p in reversed(folder.parents) if p != Path("/")]
@@ -191,8 +298,13 @@ def run_submission(notebook: Path, request: Mapping[str, object], *, cell_timeou
         os.chmod(Path(folder), 0o755)
         guarded = Path(folder) / "withheld"
         guarded.mkdir()
-        command = limited(limits) + _bwrap_command(work, [*hide, Path(notebook).resolve().parent],
-                                                   withheld_binds(withhold, guarded)) + [
+        seccomp = seccomp_filter()
+        filter_file = Path(folder) / "seccomp.bpf"
+        filter_file.write_bytes(seccomp or b"")
+        seccomp_fd = os.open(filter_file, os.O_RDONLY)
+        command = _capped(limits) + limited(limits) + _bwrap_command(
+            work, [*hide, Path(notebook).resolve().parent], withheld_binds(withhold, guarded),
+            limits.tmpfs_bytes, seccomp_fd if seccomp else None) + [
             sys.executable, "-m", "clusterlab.course.submission", str(copy), str(work / "request.json"),
             str(out), str(cell_timeout_s)]
         # Its output goes to a file, not into the grader's memory (a notebook can print 1 GiB);
@@ -201,10 +313,12 @@ def run_submission(notebook: Path, request: Mapping[str, object], *, cell_timeou
         try:
             with open(errors, "wb") as stderr:
                 result = subprocess.run(command, stdout=subprocess.DEVNULL, stderr=stderr,
-                                        timeout=limits.wall_s,
+                                        timeout=limits.wall_s, pass_fds=(seccomp_fd,),
                                         env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")})
         except subprocess.TimeoutExpired:
             return None, f"the notebook ran past its {limits.wall_s:g} s wall-clock limit"
+        finally:
+            os.close(seccomp_fd)
         if out.exists() or out.is_symlink():
             return read_answers(out)
         return None, ended(result.returncode, tail(errors), limits)
