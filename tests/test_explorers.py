@@ -175,6 +175,12 @@ def test_bad_explorer_specs_are_refused():
         explorers.build("x", "X", "", [explorers.Control("c", "C", options)],
                         [explorers.Output("y", "Y")], explorers.Chart("line", over="d", y="y"),
                         lambda c: {"values": {"y": c}})
+    explorer = explorers.build("x", "X", "", [explorers.Control("c", "C", options)],
+                               [explorers.Output("y", "Y")],
+                               explorers.Chart("line", over="c", y="y"),
+                               lambda c: {"values": {"y": c}})
+    with pytest.raises(ValueError, match="has no control 'd'"):
+        explorer.control("d")
     with pytest.raises(ValueError, match="has no control"):
         explorers.build("x", "X", "", [explorers.Control("c", "C", options)],
                         [explorers.Output("y", "Y")], explorers.Chart("line", over="c", y="y"),

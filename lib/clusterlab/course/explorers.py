@@ -118,7 +118,12 @@ class Explorer:
         return self.cells[self.key(choice)]
 
     def control(self, name: str) -> Control:
-        return next(c for c in self.controls if c.name == name)
+        """The control called ``name``."""
+        for control in self.controls:
+            if control.name == name:
+                return control
+        raise ValueError(f"{self.name} has no control {name!r}; its controls are "
+                         f"{[c.name for c in self.controls]}.")
 
     def to_json(self) -> str:
         """The explorer for explorers.js, compact: a cell is the list of its outputs' values
@@ -129,9 +134,9 @@ class Explorer:
         def encode(cell: dict) -> list | int:
             if "error" in cell:
                 return errors.index(cell["error"])
-            return [float(f"{v / o.scale:.{JSON_DIGITS}g}") if o.kind == "number" else v
-                    for o, v in zip(self.outputs, (cell["values"][o.name]
-                                                   for o in self.outputs))]
+            values = cell["values"]
+            return [float(f"{values[o.name] / o.scale:.{JSON_DIGITS}g}") if o.kind == "number"
+                    else values[o.name] for o in self.outputs]
 
         spec = {"name": self.name, "title": self.title, "note": self.note,
                 "controls": [{"name": c.name, "label": c.label, "kind": c.kind,
