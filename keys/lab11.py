@@ -17,6 +17,22 @@ shows:
    positions 0..t (NumPy) and the caches must come back with position t, and only t, replaced.
    A mask read from the cache's zeros instead of from the positions, and a write over every
    position from t on, pass 1 and fail here.
+
+``lab11.5`` is speculative decoding's verification by the rejection rule of Leviathan et al.
+(2023) and Chen et al. (2023): the student's ``verify_draft(draft_tokens, draft_probs,
+target_probs, accept_u, sample_u)`` takes the k draft tokens i32[k], the draft's distributions
+f32[k, V] they were drawn from, the target's f32[k+1, V] (one more: after the last draft token),
+k uniforms for the acceptances and one for the next token; it returns how many draft tokens are
+accepted (i32) and the next token (i32): draft token j is accepted while accept_u[j] < p_j(x_j) /
+q_j(x_j); after a rejection at n the next token is drawn from max(p_n - q_n, 0) normalised, after
+k acceptances from p_k, by inverse CDF (the first token whose cumulative weight exceeds sample_u
+times the total). The hidden tests draw, fresh each grading run, draft lengths and vocabularies
+the lab never shows (drafts near the target, far from it and equal to it, and draft tokens the
+target gives no probability) and compare both outputs with NumPy's, draw by draw, skipping draws
+within rounding of a decision boundary. Accepting every draft token, or comparing the draft's
+probabilities with themselves, fails the accepted count; drawing the bonus token from the last
+draft position's target distribution, or the correction from the target's distribution instead
+of the residual, fails the next token.
 """
 
 from typing import NamedTuple
@@ -169,6 +185,83 @@ def _check_decode_attention(programs) -> None:
         _check_reused_cache(program, case)
 
 
+class _Draft(NamedTuple):
+    """One hidden case of lab11.5: ``draws`` target steps of k draft tokens over V tokens."""
+
+    k: int
+    vocab: int
+    draws: int
+    seed: int
+
+    @property
+    def name(self) -> str:
+        return f"{self.draws} steps of k = {self.k} draft tokens over {self.vocab} tokens"
+
+    def export(self) -> grading.Export:
+        return grading.Export(args=[((self.k,), "int32"), ((self.k, self.vocab), "float32"),
+                                    ((self.k + 1, self.vocab), "float32"),
+                                    ((self.k,), "float32"), ((), "float32")], n_devices=1)
+
+
+# the lab shows k = 3 over 6 tokens; none of these
+_DRAFT_CASES = (_Draft(1, 7, 60, 1151), _Draft(5, 2, 60, 1152), _Draft(6, 40, 80, 1153))
+_BOUNDARY = 1e-5        # draws this close to a decision are skipped (float32 rounding)
+
+
+def _draw_step(rng: np.random.Generator, case: _Draft):
+    """One target step's inputs: a draft near the target (mixed in at a random share, the
+    target itself a quarter of the time) with one draft token the target never gives."""
+    draft = rng.dirichlet(np.full(case.vocab, 0.5), case.k)                     # f64[k, V]
+    share = rng.choice([0.0, rng.uniform(), 1.0], p=[0.25, 0.5, 0.25])
+    target = share * np.concatenate([draft, rng.dirichlet(np.full(case.vocab, 0.5), 1)])
+    target += (1 - share) * rng.dirichlet(np.full(case.vocab, 0.5), case.k + 1)
+    tokens = np.array([rng.choice(case.vocab, p=row) for row in draft])
+    if share < 1 and rng.uniform() < 0.3:            # the target gives this draft token nothing
+        j = rng.integers(case.k)
+        target[j, tokens[j]] = 0.0
+        target[j] /= target[j].sum()
+    return (tokens.astype(np.int32), draft.astype(np.float32), target.astype(np.float32),
+            rng.uniform(size=case.k).astype(np.float32), np.float32(rng.uniform()))
+
+
+def reference_verification(tokens, draft, target, accept_u, sample_u):
+    """(accepted, next token, whether a decision lies within rounding of the draw), in NumPy."""
+    rows = np.arange(len(tokens))
+    p, q = target[rows, tokens].astype(np.float64), draft[rows, tokens].astype(np.float64)
+    ratio = p / q
+    accepted = accept_u < ratio
+    n = int(np.argmin(accepted)) if not accepted.all() else len(tokens)
+    weights = np.maximum(target[n].astype(np.float64) - (draft[n] if n < len(tokens) else 0), 0)
+    cumulative = np.cumsum(weights) / weights.sum()
+    token = int(np.sum(cumulative <= sample_u))
+    near = (np.abs(accept_u[:n + 1] - ratio[:n + 1]) < _BOUNDARY).any() or (
+        np.abs(cumulative - sample_u) < _BOUNDARY).any()
+    return n, token, bool(near)
+
+
+def _check_verify_draft(programs) -> None:
+    for program, case in zip(programs, _DRAFT_CASES):
+        rng = np.random.default_rng(grading.hidden_seed(case.seed))
+        for _ in range(case.draws):
+            step = _draw_step(rng, case)
+            n, token, near = reference_verification(*step)
+            if near:
+                continue
+            got_n, got_token = (int(x) for x in program(*step))
+            if got_n != n:
+                raise grading.Refused(
+                    f"{case.name}: the accepted count: {got_n} accepted where the rule accepts "
+                    f"{n}. Hint: accept draft token j while accept_u[j] < p_j(x_j) / q_j(x_j), "
+                    "the target's probability of it over the draft's, and stop at the first "
+                    "rejection.")
+            if got_token != token:
+                raise grading.Refused(
+                    f"{case.name}: the next token: {got_token} where the rule draws {token} "
+                    f"(after {n} of {case.k} accepted). Hint: after a rejection at j, draw from "
+                    "max(p_j - q_j, 0); after k acceptances, from the target's distribution "
+                    "after the last draft token, row k.")
+
+
 KEY = {
     "lab11.1": grading.close(
         memory.kv_cache_bytes(_LLAMA.n_layers, _LLAMA.n_kv_heads, _LLAMA.head_dim, 8192, 16,
@@ -195,4 +288,10 @@ KEY = {
         hint="Write position t of both caches before you attend, so that the token sees its "
              "own key; then keep every position after t out of the softmax.",
         exports=[grading.Export(args=case.args(), n_devices=1) for case in _CASES]),
+    "lab11.5": grading.code(
+        _check_verify_draft, name="speculative verification",
+        hint="Each draft token is kept with probability min(1, p / q); the next token comes "
+             "from what the target wants beyond the draft, or from the target itself after k "
+             "acceptances.",
+        exports=[case.export() for case in _DRAFT_CASES]),
 }
