@@ -153,19 +153,8 @@ def _adam_update(master, m, v, grad):
     return master - ADAM_LR * m / (np.sqrt(v) + ADAM_EPS), m, v
 
 
-class _MixedCase(NamedTuple):
-    """One hidden ZeRO-1 case: p devices, L blocks (D, H), a global batch; F divisible by p."""
-
-    devices: int
-    n_blocks: int
-    d_model: int
-    d_hidden: int
-    batch: int
-    seed: int
-
-    @property
-    def flat_size(self) -> int:
-        return 2 * self.d_model * self.d_hidden + self.d_hidden + self.d_model   # F
+class _MixedCase(_Case):
+    """One hidden ZeRO-1 case: the fields of :class:`_Case`; F divisible by p."""
 
     @property
     def name(self) -> str:
