@@ -505,3 +505,50 @@ def test_planner_takes_the_contention_factor():
         assert slowed.compute_s == default.compute_s and slowed.tp_comm_s == default.tp_comm_s
     with pytest.raises(ValueError, match="dp_contention_factor .* >= 1"):
         plan.Assumptions(dp_contention_factor=0.5)
+
+
+# --- Claims lab 12 states and these tests hold --------------------------------------------------
+
+def test_flow_ring_equals_the_network_models_bandwidth_term_on_lab12s_cluster():
+    # Lab 12's opening: 4 HDR servers, the flow model's ring is cluster_collective's bandwidth term.
+    ours = fabric.collective(_rail(4, HDR), "all_reduce", GIB).time_s
+    theirs = _bandwidth_term("all_reduce", GIB, gpu="H100", n_nodes=4, nic="IB-HDR",
+                             algorithm="ring", protocol="Simple")
+    assert ours == pytest.approx(theirs, rel=1e-9)
+
+
+def test_a_hot_expert_slows_the_all_to_all_by_its_share_over_the_average():
+    # Lab 12's skewed load: one expert of a rail-aligned 32-wide group receives 4x each other's
+    # bytes; its NIC sets the time, so the time grows by 4 * 32 / 35, not by 4.
+    f = _rail(32, NDR)
+    group = np.arange(32) * 8                              # rail 0 of every server
+    hot = np.ones(32)
+    hot[0] = 4.0
+    even = fabric.collective(f, "all_to_all", 64 * 2**20, groups=[group]).time_s
+    skewed = fabric.collective(f, "all_to_all", 64 * 2**20, groups=[group], load=hot).time_s
+    assert skewed / even == pytest.approx(hot[0] / hot.mean(), rel=1e-9)
+
+
+def test_contention_factor_is_at_least_one_for_every_seed():
+    # A scattered job on lab 12's kind of cluster: contention only slows, ring or tree.
+    f = _rail(32, NDR, nodes_per_group=8, n_spines=8)
+    ranks = (np.random.default_rng(3).permutation(32)[:8, None] * 8 + np.arange(8)).ravel()
+    for algorithm in ("ring", "tree"):
+        factors = [fabric.contention_factor(f, GIB, ranks, algorithm=algorithm, seed=s)
+                   for s in range(4)]
+        assert min(factors) >= 1 - 1e-9
+
+
+def test_planner_scales_the_whole_reduction_and_exposes_at_most_it():
+    # Lab 12's 8B model on 256 H100 (TP 8, DP 32, ZeRO-1), overlap on: dp_reduce_s grows by the
+    # factor as given, and the exposed part dp_comm_s never exceeds the whole reduction.
+    from clusterlab.analytic import plan
+
+    workload = plan.Workload(8e9, 4096, 512, n_tokens=1e12)
+    hw = plan.cluster("H100", 256, storage_read_bytes_per_s=20e9)
+    layout = plan.Layout(dp=32, tp=8, zero_stage=1)
+    free = plan.predict(workload, hw, layout)
+    for factor in (1.3, 2.5):
+        p = plan.predict(workload, hw, layout, plan.Assumptions(dp_contention_factor=factor))
+        assert p.dp_reduce_s == pytest.approx(factor * free.dp_reduce_s, rel=1e-9)
+        assert free.dp_comm_s <= free.dp_reduce_s and p.dp_comm_s <= p.dp_reduce_s
