@@ -24,8 +24,8 @@ from conftest import fixture_submission
 from test_grading_security import SMALL
 
 IMPORTS = ("import jax\nimport jax.numpy as jnp\nimport numpy as np\n"
-           "from clusterlab.course import check\nfrom clusterlab.device import collectives, devices\n"
-           "devices.setup(8)")
+           "from clusterlab.course import check\n"
+           "from clusterlab.device import collectives, devices\ndevices.setup(8)")
 RING_SOLUTIONS = lab_sources("02", ["lab02-reduce-scatter", "lab02-all-gather"])[1::2]
 HONEST = [IMPORTS, *RING_SOLUTIONS]
 CALLS_THE_LIBRARY = [
@@ -108,7 +108,8 @@ def test_a_table_of_one_runs_outputs_fails_the_next_run(tmp_path, capsys):
     grading.main([str(table)], key_dir=str(KEYS), timeout_s=120, csv_path=str(grades),
                  limits=SMALL, seed=seed)
     first = capsys.readouterr().out
-    assert first.splitlines()[0] == f"hidden inputs from seed {seed} (--seed {seed} draws them again)"
+    assert first.splitlines()[0] == (f"hidden inputs from seed {seed} "
+                                     f"(--seed {seed} draws them again)")
     assert "  lab02.3  ✓ ring reduce-scatter is correct." in first   # the table is right for it
     grading.main([str(table)], key_dir=str(KEYS), timeout_s=120, csv_path=str(grades),
                  limits=SMALL)

@@ -688,8 +688,8 @@ def judge_programs_apart(key_path: Path, programs: Mapping[str, object],
             remaining = [i for i in remaining if i not in verdicts]
             if remaining:       # the child ended while judging the first of them
                 first = remaining.pop(0)
-                verdicts[first] = Verdict(first, False, f"✗ {key[first].name}: "
-                                          f"{why or 'its program ended the grader without a verdict'}.")
+                why = why or "its program ended the grader's child without a verdict"
+                verdicts[first] = Verdict(first, False, f"✗ {key[first].name}: {why}.")
     return verdicts
 
 
@@ -704,7 +704,8 @@ def _run_judge(key_path: Path, data: Path, out: Path, errors: Path,
     try:
         with open(errors, "wb") as stderr:
             result = subprocess.run(command, stdout=subprocess.DEVNULL, stderr=stderr,
-                                    timeout=limits.wall_s, env={**os.environ, SEED_ENV: str(run_seed())})
+                                    timeout=limits.wall_s,
+                                    env={**os.environ, SEED_ENV: str(run_seed())})
     except subprocess.TimeoutExpired:
         return f"its program ran past the grader's {limits.wall_s:g} s wall-clock limit"
     if result.returncode == 0:

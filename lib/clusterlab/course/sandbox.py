@@ -305,8 +305,8 @@ def run_submission(notebook: Path, request: Mapping[str, object], *, cell_timeou
         command = _capped(limits) + limited(limits) + _bwrap_command(
             work, [*hide, Path(notebook).resolve().parent], withheld_binds(withhold, guarded),
             limits.tmpfs_bytes, seccomp_fd if seccomp else None) + [
-            sys.executable, "-m", "clusterlab.course.submission", str(copy), str(work / "request.json"),
-            str(out), str(cell_timeout_s)]
+            sys.executable, "-m", "clusterlab.course.submission", str(copy),
+            str(work / "request.json"), str(out), str(cell_timeout_s)]
         # Its output goes to a file, not into the grader's memory (a notebook can print 1 GiB);
         # only the last line of its error stream is read back, to say how it ended.
         errors = Path(folder) / "stderr"
