@@ -261,3 +261,29 @@ def test_lab13_skeleton_is_refused():
     exec(_LAB13[0].split("check.answer")[0], {"jax": jax}, skeleton)
     verdict = grading.judge(_KEY13, "lab13.4", skeleton["dispatch_to_experts"], {})
     assert not verdict.passed and "NotImplementedError" in verdict.line
+
+
+# ---- claims lab 13 states and these tests hold ----------------------------------------------
+
+@pytest.mark.parametrize("top_k, capacity_factor", [(1, 1.0), (2, 1.0), (2, 0.5)])
+def test_route_renormalises_and_serves_assignments_first_come_in_token_order(top_k,
+                                                                             capacity_factor):
+    params, x = _case()
+    capacity = moe.expert_capacity(T, n_experts=E, top_k=top_k, capacity_factor=capacity_factor)
+    routing = experts.route(params["router"], x, top_k=top_k, capacity=capacity)
+    np.testing.assert_allclose(np.asarray(routing.weight).sum(-1), np.ones(T), rtol=1e-6)
+    order = np.asarray(routing.expert).ravel()         # token 0's choices best first, then 1's
+    slots = np.asarray(routing.position).ravel()
+    for e in range(E):
+        np.testing.assert_array_equal(slots[order == e], np.arange(np.sum(order == e)))
+    kept = np.asarray(routing.kept)
+    assert kept.shape == (T, top_k)                    # kept + dropped = T * k
+    np.testing.assert_array_equal(kept.ravel(), slots < capacity)
+
+
+def test_straggler_factor_with_one_expert_per_device_is_the_hot_share_over_the_mean():
+    lab13_load = np.r_[128, np.full(7, 32)]            # lab 13: 8 experts on 8 devices
+    lab12_load = np.r_[4.0, np.ones(31)]               # lab 12: 32 experts on 32 GPUs
+    for load in (lab13_load, lab12_load):
+        assert experts.straggler_factor(load, load.size) == pytest.approx(
+            load.max() / load.mean(), rel=1e-12)
