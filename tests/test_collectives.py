@@ -334,3 +334,27 @@ def test_ring_all_reduce_values_and_gradients_equal_psum(check_vma):
 
     np.testing.assert_allclose(ring(x), psum(x), rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(jax.grad(loss(ring))(x), jax.grad(loss(psum))(x), rtol=1e-6)
+
+
+# --- Claims lab 02 states and these tests hold -------------------------------------------------
+
+@pytest.mark.parametrize("buffer_bytes", [4 * 2**10, 16 * 2**20])
+@pytest.mark.parametrize("implementation", ["ring", "recursive_doubling"])
+def test_executed_messages_and_bytes_equal_the_models_at_lab02s_sizes(implementation,
+                                                                      buffer_bytes):
+    # Lab 02 times 4 KiB and 16 MiB a device on 8 devices; what runs is what the model counts.
+    n = 8
+    x = jnp.ones((n * buffer_bytes // 4,), jnp.float32)
+    fn = collectives.make_collective("all_reduce", sub_mesh(n), AXIS,
+                                     implementation=implementation)
+    executed = hlo.executed_collectives(fn, x)
+    assert {op.kind for op in executed} == {"collective-permute"}
+    assert (len(executed), sum(op.bytes for op in executed)) == \
+        costmodel.collective_steps_and_bytes("all_reduce", buffer_bytes, n, implementation)
+
+
+def test_psum_compiles_to_one_all_reduce():
+    n = 8
+    x = _global_input(n, (BLOCK_ROWS,), np.float32)
+    builtin = collectives.make_collective("all_reduce", sub_mesh(n), AXIS)
+    assert [op.kind for op in hlo.executed_collectives(builtin, x)] == ["all-reduce"]

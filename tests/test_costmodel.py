@@ -380,3 +380,23 @@ def test_the_literal_option_types_name_every_option():
     assert set(get_args(_model.FabricKind)) == set(costmodel.FABRICS)
     assert set(get_args(cluster.ClusterAlgorithm)) == {"auto", *costmodel.CLUSTER_ALGORITHMS}
     assert set(get_args(cluster.Protocol)) == {"auto", *costmodel.PROTOCOLS}
+
+
+def test_nccls_all_reduce_picks_on_h100_and_h200_servers():
+    # Lab 02's table: the algorithm the course's NCCL tuning model picks by nodes and size.
+    from clusterlab.catalog import hardware
+
+    nodes, sizes = (1, 2, 4, 8), (2**20, 2**26, 2**30, 2**32)
+
+    def pick(gpu, n_nodes, nbytes):
+        network = {} if n_nodes == 1 else {"n_nodes": n_nodes, "nic": "IB-NDR"}
+        return costmodel.cluster_collective("all_reduce", nbytes,
+                                            hardware.ClusterSpec(gpu=gpu, **network)).algorithm
+
+    picks = {(n, s): pick("H100", n, s) for n in nodes for s in sizes}
+    assert all(pick("H200", *key) == algorithm for key, algorithm in picks.items())
+    assert all(picks[1, s] == "nvls" for s in sizes[1:])
+    assert picks[2, 2**20] == "tree" and all(picks[2, s] == "nvls_tree" for s in sizes[1:])
+    ring_across = {key for key, algorithm in picks.items() if algorithm == "ring" and key[0] > 1}
+    assert ring_across and ring_across <= {(n, s) for n in nodes if n >= 4 for s in sizes
+                                          if s >= 2**30}
