@@ -79,11 +79,11 @@ def _by_layer(blocks: list[dict]) -> dict[str, np.ndarray]:
 
 def _inputs(case: _Case) -> tuple[list[dict], list[np.ndarray], np.ndarray, np.ndarray]:
     """The blocks, their p copies stacked by layer f32[p, L, ...], and the batch x, y f32[B, D]."""
-    blocks = models.init_mlp(jax.random.key(case.seed), d_model=case.d_model,
+    blocks = models.init_mlp(jax.random.key(grading.hidden_seed(case.seed)), d_model=case.d_model,
                              d_hidden=case.d_hidden, n_blocks=case.n_blocks)
     copies = models.stack_copies(_by_layer(blocks), case.devices)   # f32[p, L, ...] each
-    x, y = models.synthetic_regression(jax.random.key(case.seed + 1), n_samples=case.batch_size,
-                                       d_model=case.d_model)
+    x, y = models.synthetic_regression(jax.random.key(grading.hidden_seed(case.seed + 1)),
+                                       n_samples=case.batch_size, d_model=case.d_model)
     return blocks, [copies[k] for k in _LEAVES], np.asarray(x), np.asarray(y)
 
 
@@ -213,6 +213,9 @@ def _check_accumulation(programs) -> None:
         _require_own_bucketing(f"{case.name}: written by hand", program)
 
 
+# the library's per-device data-parallel gradient, with or without buckets
+_GRADIENTS = "clusterlab.device.parallel.data._local_gradients"
+
 KEY = {
     "lab03.1": grading.close(_bf16_bytes_on_16, name="bytes sent",
                              hint="Start from the gradient's size in bf16; what share of it does "
@@ -230,12 +233,14 @@ KEY = {
         hint="jax.grad of models.mse_loss on this device's slice, then one collective that "
              "turns the p devices' gradients into the whole batch's mean-loss gradient.",
         exports=[grading.Export(args=_args(case), n_devices=case.devices, wrap="shard_map",
-                                axis=_AXIS) for case in _CASES]),
+                                axis=_AXIS) for case in _CASES],
+        references=[_GRADIENTS]),
     "lab03.5": grading.code(
         _check_accumulation, name="bucketed, accumulated gradient",
         hint="Accumulate the A micro-batches' gradients on the device, then reduce the flat "
              "gradient bucket by bucket, one pmean per BUCKET_BYTES.",
         exports=[grading.Export(args=_accumulation_args(case), n_devices=case.devices,
                                 wrap="shard_map", axis=_AXIS)
-                 for case in _ACCUMULATION_CASES]),
+                 for case in _ACCUMULATION_CASES],
+        references=[_GRADIENTS]),
 }

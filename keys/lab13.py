@@ -80,7 +80,8 @@ _CASES = (_Case(2, 4, 3, 5, 1301), _Case(4, 8, 2, 3, 1302), _Case(8, 16, 1, 4, 1
 def _buffers(case: _Case) -> np.ndarray:
     """Every device's dispatch buffer stacked: f32[p * E, C, D] (device i's rows i*E ...)."""
     shape = (case.devices * case.n_experts, case.capacity, case.d_model)
-    return np.random.default_rng(case.seed).standard_normal(shape).astype(np.float32)
+    rng = np.random.default_rng(grading.hidden_seed(case.seed))
+    return rng.standard_normal(shape).astype(np.float32)
 
 
 def _arranged(buffers: np.ndarray, case: _Case) -> np.ndarray:
@@ -115,6 +116,8 @@ KEY["lab13.4"] = grading.code(
     exports=[grading.Export(args=[((c.devices * c.n_experts, c.capacity, c.d_model),
                                    "float32")], n_devices=c.devices, wrap="shard_map",
                             axis=_AXIS) for c in _CASES])
+# no references: the library's all-to-all sits inside experts._local_moe, which returns the
+# layer's output, not the dispatched buffer
 
 
 # ---- lab13.5: the combine, from the experts' buffers back to the tokens ----------------------
@@ -156,10 +159,11 @@ def _first_come(expert: np.ndarray) -> np.ndarray:
 
 def _balanced(shape: _Shape, seed: int, weighted: bool):
     """A routing that fits: assignment i of the T*k goes to expert i mod E (k <= E, so a token's
-    k experts differ); weights 1, or random and summing to one per token."""
+    k experts differ), the tokens then shuffled; weights 1, or random and summing to one per
+    token."""
     t, k = shape.tokens, shape.top_k
-    expert = (np.arange(t * k).reshape(t, k) % shape.n_experts).astype(np.int32)
-    rng = np.random.default_rng(seed)
+    rng = np.random.default_rng(grading.hidden_seed(seed))
+    expert = rng.permutation(np.arange(t * k).reshape(t, k) % shape.n_experts).astype(np.int32)
     weight = rng.uniform(0.1, 1.0, (t, k)) if weighted else np.ones((t, k))
     weight = (weight / weight.sum(axis=1, keepdims=True) if weighted else weight)
     return expert, weight.astype(np.float32)
@@ -171,11 +175,11 @@ def _hot(shape: _Shape, seed: int):
     import jax
 
     t, e = shape.tokens, shape.n_experts
-    rng = np.random.default_rng(seed)
+    rng = np.random.default_rng(grading.hidden_seed(seed))
     target = np.where(np.arange(t) < 3 * t // 4, 0, rng.integers(1, e, t))
     rng.shuffle(target)
-    router, x = experts.steered_tokens(jax.random.key(seed), target, d_model=e + 2,
-                                       n_experts=e)
+    router, x = experts.steered_tokens(jax.random.key(grading.hidden_seed(seed)), target,
+                                       d_model=e + 2, n_experts=e)
     return experts.route(router, x, top_k=shape.top_k, capacity=shape.capacity,
                          renormalize=shape.top_k > 1)
 
@@ -186,7 +190,8 @@ def _outputs(shape: _Shape, seed: int, labelled: bool) -> np.ndarray:
     if labelled:
         slot = 100.0 * np.arange(e)[:, None] + np.arange(c)[None, :]
         return np.repeat(slot[:, :, None], d, axis=2).astype(np.float32)
-    return np.random.default_rng(seed).standard_normal((e, c, d)).astype(np.float32)
+    rng = np.random.default_rng(grading.hidden_seed(seed))
+    return rng.standard_normal((e, c, d)).astype(np.float32)
 
 
 def _reference(out, expert, weight, position, capacity) -> np.ndarray:
@@ -235,3 +240,5 @@ KEY["lab13.5"] = grading.code(
                                   ((s.tokens, s.top_k), "int32"),
                                   ((s.tokens, s.top_k), "float32")], n_devices=1, wrap="jit")
              for s in _SHAPES])
+# no references: experts.DISPATCH_COMBINE.combine and experts.masks need the slot positions the
+# exercise asks for, and the lab's own cells call them, so a refusal would stop those cells
