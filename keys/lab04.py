@@ -114,9 +114,9 @@ def _split(block: dict, t: int) -> list[np.ndarray]:
 
 def _inputs(case: _Case) -> tuple[dict, np.ndarray, np.ndarray]:
     """The whole block, the batch x f32[B, D] and an upstream gradient dy f32[B, D]."""
-    block = models.init_mlp(jax.random.key(case.seed), d_model=case.d_model,
+    block = models.init_mlp(jax.random.key(grading.hidden_seed(case.seed)), d_model=case.d_model,
                             d_hidden=case.d_hidden, n_blocks=1)[0]
-    kx, ky, kb1, kb2 = jax.random.split(jax.random.key(case.seed + 1), 4)
+    kx, ky, kb1, kb2 = jax.random.split(jax.random.key(grading.hidden_seed(case.seed + 1)), 4)
     # init_mlp's biases are zeros, under which b2 counted t times would not show
     block = {**block, "b1": jax.random.normal(kb1, block["b1"].shape),
              "b2": jax.random.normal(kb2, block["b2"].shape)}
@@ -194,14 +194,17 @@ def _check_backward(programs) -> None:
         _require_hand_written(f"{case.name}: written by hand", program)
 
 
+_MLP_BLOCK = "clusterlab.device.parallel.tensor.mlp_block"   # the library's Megatron block
 KEY["lab04.3"] = grading.code(
     _check_forward, name="Megatron MLP forward",
     hint="w1 split by columns, w2 by rows: one psum of the partial output, then add x and b2.",
-    exports=[_export(case, with_dy=False) for case in _CASES])
+    exports=[_export(case, with_dy=False) for case in _CASES],
+    references=[_MLP_BLOCK])
 KEY["lab04.4"] = grading.code(
     _check_backward, name="Megatron MLP backward",
     hint="Write the backward by hand: the chain rule through relu, one psum of dx.",
-    exports=[_export(case, with_dy=True) for case in _CASES])
+    exports=[_export(case, with_dy=True) for case in _CASES],
+    references=[_MLP_BLOCK])   # jax.vjp of the library's block is the backward asked for
 
 
 # ---- lab04.6: the block under sequence parallelism (all-gather, reduce-scatter) ---------------
@@ -266,4 +269,7 @@ KEY["lab04.6"] = grading.code(
     _check_sequence_parallel, name="sequence-parallel MLP block",
     hint="All-gather the tokens before the column-parallel matmul, reduce-scatter the "
          "row-parallel output over the tokens: no all-reduce.",
-    exports=[_sequence_export(case) for case in _SEQUENCE_CASES])
+    exports=[_sequence_export(case) for case in _SEQUENCE_CASES],
+    # not tensor.all_gather_matmul and its kin: make_column_matmul hands them to shard_map, so
+    # JAX, not the library, calls them, and withholding them would refuse the lab's own cells
+    references=[_MLP_BLOCK])

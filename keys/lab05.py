@@ -122,10 +122,10 @@ _CASES = (_Case(2, 4, 3, 4, 8, 12, 501), _Case(4, 4, 5, 2, 8, 12, 502),
 
 def _inputs(case: _Case) -> tuple[list[dict], list[np.ndarray], np.ndarray, np.ndarray]:
     """The blocks, their stage arrays f32[p, L/p, ...], and x, y as f32[p, m, b, D] copies."""
-    blocks = models.init_mlp(jax.random.key(case.seed), d_model=case.d_model,
+    blocks = models.init_mlp(jax.random.key(grading.hidden_seed(case.seed)), d_model=case.d_model,
                              d_hidden=case.d_hidden, n_blocks=case.n_blocks)
     stacked = pipeline.stack_stages(blocks, case.stages)
-    x, y = models.synthetic_regression(jax.random.key(case.seed + 1),
+    x, y = models.synthetic_regression(jax.random.key(grading.hidden_seed(case.seed + 1)),
                                        n_samples=case.microbatches * case.microbatch_size,
                                        d_model=case.d_model)
     shape = (case.microbatches, case.microbatch_size, case.d_model)
@@ -202,6 +202,9 @@ def _exports(*, grads: bool) -> list[grading.Export]:
                            axis=_AXIS) for case in _CASES]
 
 
+# the library's pipeline schedule executor (forward ticks, then backward ticks)
+_SCHEDULE_EXECUTOR = "clusterlab.device.parallel.pipeline._local_grads"
+
 KEY = {
     "lab05.1": grading.equal(_SMALLEST_M, name="micro-batches",
                              hint="Write the bubble's share of the step in terms of p and m, and "
@@ -215,10 +218,12 @@ KEY = {
         _check_forward, name="GPipe forward",
         hint="Run m + p - 1 ticks; in each, every stage runs its blocks on its input and "
              "ppermutes the result to the next stage.",
-        exports=_exports(grads=False)),
+        exports=_exports(grads=False),
+        references=[_SCHEDULE_EXECUTOR]),
     "lab05.4": grading.code(
         _check_grads, name="GPipe gradients",
         hint="Forward ticks stash each micro-batch's input; backward ticks recompute the stage "
              "with jax.vjp and ppermute the input's gradient to the previous stage.",
-        exports=_exports(grads=True)),
+        exports=_exports(grads=True),
+        references=[_SCHEDULE_EXECUTOR]),
 }

@@ -86,10 +86,10 @@ def _by_device(flat: np.ndarray, p: int) -> np.ndarray:
 
 def _inputs(case: _Case) -> tuple[list[dict], np.ndarray, np.ndarray, np.ndarray]:
     """The blocks, their slices f32[p, L, F/p], and the batch x, y: f32[B, D]."""
-    blocks = models.init_mlp(jax.random.key(case.seed), d_model=case.d_model,
+    blocks = models.init_mlp(jax.random.key(grading.hidden_seed(case.seed)), d_model=case.d_model,
                              d_hidden=case.d_hidden, n_blocks=case.n_blocks)
-    x, y = models.synthetic_regression(jax.random.key(case.seed + 1), n_samples=case.batch,
-                                       d_model=case.d_model)
+    x, y = models.synthetic_regression(jax.random.key(grading.hidden_seed(case.seed + 1)),
+                                       n_samples=case.batch, d_model=case.d_model)
     flat, _ = sharded.flatten_blocks(blocks)
     return blocks, _by_device(np.asarray(flat), case.devices), np.asarray(x), np.asarray(y)
 
@@ -193,7 +193,7 @@ def _mixed_inputs(case: _MixedCase) -> tuple:
     """params bf16[p, L, F] (a copy per device), master, m, v f32[L, F], x, y f32[B, D] and
     the gradient f32[L, F]; weights at init_mlp's scale, moments at the gradient's, so that a
     wrong gradient moves the update."""
-    rng = np.random.default_rng(case.seed)
+    rng = np.random.default_rng(grading.hidden_seed(case.seed))
     shape = (case.n_blocks, case.flat_size)
     master = (rng.normal(size=shape) / np.sqrt(case.d_model)).astype(np.float32)
     x, y = rng.normal(size=(2, case.batch, case.d_model)).astype(np.float32)
@@ -278,6 +278,12 @@ def _require_zero1_traffic(test: str, lowered_ops: list, compiled_kinds: set[str
             "it all), and round the new master to bf16 before jax.lax.all_gather.")
 
 
+# the library's sharded step: its per-device ZeRO gradient and update (not _gathered_loss:
+# the library differentiates it with jax.value_and_grad, so JAX calls it, and a refusal would
+# stop the lab's own ZeRO-3 cells)
+_SHARDED_STEP = [f"clusterlab.device.parallel.sharded.{name}"
+                 for name in ("_zero_local_gradients", "_zero_local_step")]
+
 KEY = {
     "lab06.1": grading.close(_stage3_bytes_on_16, name="bytes per device", rtol=1e-6,
                              hint="Which of parameters, gradients and Adam's moments does stage 3 "
@@ -298,12 +304,14 @@ KEY = {
              "differentiate this device's loss with respect to its slices, divide by p, and "
              "take one SGD step on the slices.",
         exports=[grading.Export(args=_args(case), n_devices=case.devices, wrap="shard_map",
-                                axis=_AXIS) for case in _CASES]),
+                                axis=_AXIS) for case in _CASES],
+        references=_SHARDED_STEP),
     "lab06.5": grading.code(
         _check_zero1_step, name="ZeRO-1 mixed-precision step",
         hint="Differentiate the bf16 loss, jax.lax.psum_scatter the bf16 gradient over the "
              "columns (scatter_dimension=1, tiled), divide by p, cast the slice to float32 "
              "for adam_update, and all-gather the new master rounded to bf16.",
         exports=[grading.Export(args=case.args(), n_devices=case.devices, wrap="shard_map",
-                                axis=_AXIS) for case in _MIXED_CASES]),
+                                axis=_AXIS) for case in _MIXED_CASES],
+        references=_SHARDED_STEP),
 }

@@ -57,7 +57,7 @@ def _silent_from(beats: np.ndarray, rank: int, after_s: float) -> np.ndarray:
 def _logs(rank_count: int, width: int, seed: int) -> list[_Log]:
     """The hidden tests on R = rank_count ranks and K = width columns (timeout 1 s, beats
     every 0.1 s: the log covers about width / 10 s, at least 4 s)."""
-    rng = np.random.default_rng(seed)
+    rng = np.random.default_rng(grading.hidden_seed(seed))
     period, timeout = 0.1, 1.0
     end = width * period
     hung = _silent_from(_regular(rank_count, width, period, rng), rank_count - 2, 0.7)
@@ -124,4 +124,5 @@ KEY = {
         hint="Every silence begins at time 0 or at a beat and ends at the next beat or never.",
         exports=[grading.Export(args=[((r, k), "float32"), ((), "float32"), ((), "float32")],
                                 n_devices=1) for r, k, _ in _SHAPES]),
+    # no references: the library has no heartbeat detector
 }

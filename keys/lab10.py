@@ -117,4 +117,6 @@ KEY = {
         hint="Per GPU: its share of the parameters, their bytes by ZeRO stage; per step: the "
              "micro-batches, then the bubble of p stages.",
         exports=[grading.Export(args=_LAYOUT_ARGS, n_devices=1)]),
+    # no references: plan.predict (the expected values) runs in Python on one layout at a time;
+    # it cannot be traced into a program of arrays
 }
