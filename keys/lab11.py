@@ -110,7 +110,8 @@ def _decode_step(params, attention, cache, token, t):
 def _decoder(case: _Case) -> dict:
     """A decoder of decode.init_params' shapes, drawn with NumPy (nothing to compile per case):
     unit embeddings, weights of scale 1/sqrt(fan-in), LayerNorm scales near 1, biases near 0."""
-    d_model, rng = case.n_heads * case.head_dim, np.random.default_rng(case.seed)
+    d_model = case.n_heads * case.head_dim
+    rng = np.random.default_rng(grading.hidden_seed(case.seed))
 
     def draw(path, leaf):
         name, noise = jax.tree_util.keystr(path), rng.standard_normal(leaf.shape)
@@ -128,8 +129,8 @@ def _decoder(case: _Case) -> dict:
 
 def _check_decoding(program: grading.Program, case: _Case) -> None:
     params = _decoder(case)
-    prompt = np.random.default_rng(case.seed).integers(0, _VOCAB, (case.batch, case.prompt_len),
-                                                       dtype=np.int32)
+    prompt = np.random.default_rng(grading.hidden_seed(case.seed)).integers(
+        0, _VOCAB, (case.batch, case.prompt_len), dtype=np.int32)
     with verification.fp32_matmuls():
         # the student's program, rebuilt from its export, called inside one compiled step
         step = jax.jit(lambda params, cache, token, t: _decode_step(
@@ -161,7 +162,7 @@ def _reference_step(q, k, v, k_cache, v_cache, t):
 
 
 def _check_reused_cache(program: grading.Program, case: _Case) -> None:
-    rng = np.random.default_rng(case.seed + 1)
+    rng = np.random.default_rng(grading.hidden_seed(case.seed + 1))
     for t in case.stale_ts:
         q, k, v, k_cache, v_cache = (rng.standard_normal(shape, dtype=np.float32)
                                      for shape, _ in case.args()[:5])
@@ -287,11 +288,14 @@ KEY = {
         _check_decode_attention, name="decode-step attention",
         hint="Write position t of both caches before you attend, so that the token sees its "
              "own key; then keep every position after t out of the softmax.",
-        exports=[grading.Export(args=case.args(), n_devices=1) for case in _CASES]),
+        exports=[grading.Export(args=case.args(), n_devices=1) for case in _CASES],
+        references=["clusterlab.device.decode._attention"]),   # the library's decode attention
     "lab11.5": grading.code(
         _check_verify_draft, name="speculative verification",
         hint="Each draft token is kept with probability min(1, p / q); the next token comes "
              "from what the target wants beyond the draft, or from the target itself after k "
              "acceptances.",
         exports=[case.export() for case in _DRAFT_CASES]),
+    # no references: the library's speculative decoding is analytic (serving.speculative_*),
+    # with no accept-or-resample step
 }
