@@ -156,3 +156,21 @@ def test_vocabulary_puts_the_output_layer_on_the_last_stage():
     assert with_vocab.compute_s == pytest.approx(without.compute_s + m * one)
     assert with_vocab.bubble_s == pytest.approx(without.bubble_s)
     assert without.output_layer_s == 0
+
+
+def test_h100_model_prices_thin_attention_above_its_flops_and_flash_or_wide_heads_lower():
+    # lab 10's host-sized layer (heads of 16) against FlashAttention and a 70B layer (heads of 128)
+    seq, micro_batch, width, heads, ffn = gemm.HOST_LAYER
+
+    def attention_share(layer):
+        return gemm.group_shares(layer, [gemm.gemm_time_s(g, H100) for g in layer])["attention"]
+
+    thin = gemm.transformer_layer_gemms(seq, micro_batch, width, heads, ffn_hidden=ffn,
+                                        recompute="none")
+    flash = gemm.transformer_layer_gemms(seq, micro_batch, width, heads, ffn_hidden=ffn,
+                                         recompute="flash")
+    wide = gemm.transformer_layer_gemms(4096, 1, 8192, 64, ffn_hidden=28672, tensor_parallel=8)
+    flops_share = gemm.group_shares(thin, [g.flops for g in thin])["attention"]
+    assert attention_share(thin) > 2 * flops_share
+    assert attention_share(flash) < attention_share(thin)
+    assert attention_share(wide) < attention_share(thin)

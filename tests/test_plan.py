@@ -665,3 +665,27 @@ def test_fabric_comparison_holds_compute_at_its_stated_fraction():
     constant = plan.predict(workload, cluster, layout,
                             plan.Assumptions(compute_efficiency=0.5, overlap_grad_reduce=False))
     assert constant.compute_s == pytest.approx(step.compute_s, rel=1e-9)
+
+
+def test_lab10_headline_layout_is_tensor_parallel_sharded_compute_bound_and_hides_its_reduce():
+    # lab 10's ranking of the 70B workload on 1024 H100: the claims its prose makes of the table
+    top = plan.rank_layouts(W70, HW1024, limit=1)[0]
+    assert top.layout.tp > 1 and top.layout.zero_stage > 0
+    assert top.bottleneck == "compute"
+    assert top.dp_comm_s < 0.1 * top.dp_reduce_s          # over 90% of the reduce hidden
+    searched = plan.search_layouts(W70, HW1024, limit=6)
+    ruled_out = sum(r.count for r in searched.refused if not r.reason.startswith("fits"))
+    assert ruled_out > searched.n_candidates / 2          # most candidates break a rule
+
+
+def test_planner_data_parallel_step_is_chapter_8s_fabric_step():
+    # lab 10's bridge: at the fabric job's 50% of peak and nothing hidden, predict's all-reduce
+    # and compute are fabric_step's, on each of chapter 8's three clusters
+    w7 = plan.Workload(7e9, seq_len=4096, global_batch=1024, n_tokens=2e12)
+    same = plan.Assumptions(compute_efficiency=0.5, overlap_grad_reduce=False)
+    for cluster in plan.FABRIC_CLUSTERS.values():
+        step = plan.fabric_step(plan.FABRIC_JOB, cluster)
+        planned = plan.predict(w7, replace(cluster, storage_read_bytes_per_s=1e12),
+                               plan.Layout(dp=cluster.n_gpus, zero_stage=1), same)
+        assert planned.dp_comm_s == pytest.approx(step.communication_s, rel=1e-9)
+        assert planned.compute_s == pytest.approx(step.compute_s, rel=1e-9)
