@@ -126,7 +126,7 @@ def _check_gradients(program: grading.Program, case: _Case) -> None:
 
 
 def _check_ring_traffic(program: grading.Program, case: _Case) -> None:
-    rng = np.random.default_rng(case.seed)
+    rng = np.random.default_rng(grading.hidden_seed(case.seed))
     ops = program.collective_ops(*(rng.standard_normal(shape).astype(np.float32)
                                    for shape, _ in case.args()))
     kinds, sent = sorted({op.kind for op in ops}), sum(op.bytes for op in ops)
@@ -204,4 +204,6 @@ KEY = {
              "lse) under the causal mask, add its share to dq, dk and dv, then pass k, v and "
              "their gradients on.",
         exports=[case.export() for case in _GRADIENT_CASES + _MEMORY_CASES]),
+    # no references: jax.vjp of context.ring_attention is the shortcut, but make_ring_attention
+    # hands it to shard_map, so JAX calls it and a refusal would stop the lab's own ring cells
 }
