@@ -7,19 +7,25 @@
   inside the library) is graded as usual.
 - The hidden inputs are drawn afresh each run: a table of outputs built for one run's seed
   passes that run (the control that the table is right) and fails the next.
+- Every key's code exercises: each names the library's functions to withhold (the sandbox can
+  guard each), or a comment after its ``grading.code`` call says why it has none; and its hidden
+  inputs differ between two run seeds (labs 08 and 10, model configurations, excepted).
 """
 
 from __future__ import annotations
 
+import ast
 import csv
+import importlib.util
 import os
 from pathlib import Path
 
 import jax
 import numpy as np
+import pytest
 
 from assignment_support import KEYS, key_module, lab_sources
-from clusterlab.course import grading
+from clusterlab.course import grading, sandbox
 from conftest import fixture_submission
 from test_grading_security import SMALL
 
@@ -118,3 +124,102 @@ def test_a_table_of_one_runs_outputs_fails_the_next_run(tmp_path, capsys):
     assert ("  lab02.3  ✗ ring reduce-scatter: reduce-scatter on 2 devices, 10 values each: "
             "its result") in second
     assert _points(grades)[("02-table", "lab02.3")] == 0
+
+
+# ---- every key: references declared or explained, hidden inputs fresh each run ---------------
+
+# code exercises whose hidden inputs are model configurations, not random draws: their expected
+# values come from the library's model of each configuration, so there is nothing to redraw
+_FIXED_INPUTS = {"lab08.4": "GEMM shapes of named layers on catalog GPUs",
+                 "lab10.3": "layouts whose order the planted bugs' tests rely on"}
+_NO_REFERENCES = "# no references:"
+
+
+class _Stop(BaseException):
+    """Raised by a stand-in program the first time a checker uses it: the inputs are drawn.
+    Not an Exception, so that the judge does not turn it into a verdict."""
+
+
+class _StandIn:
+    """In place of a submission's program: any use stops the checker, whose frames then hold
+    the hidden inputs it drew."""
+
+    def __call__(self, *args):
+        raise _Stop
+
+    collective_ops = collectives = place = __call__
+
+    @property
+    def exported(self):
+        raise _Stop
+
+
+def _code_calls(key_path: Path) -> dict[str, ast.Call]:
+    """Each ``grading.code(...)`` call of a key by exercise id (a KEY dict entry, or
+    ``KEY["labNN.M"] = grading.code(...)``)."""
+    calls = {}
+    for node in ast.walk(ast.parse(key_path.read_text())):
+        pairs = (zip(node.keys, node.values) if isinstance(node, ast.Dict) else
+                 [(node.targets[0].slice, node.value)] if isinstance(node, ast.Assign)
+                 and isinstance(node.targets[0], ast.Subscript) else [])
+        for key, value in pairs:
+            if (isinstance(key, ast.Constant) and isinstance(value, ast.Call)
+                    and ast.unparse(value.func) == "grading.code"):
+                calls[key.value] = value
+    return calls
+
+
+def _drawn_inputs(key_path: Path, exercise_id: str, seed: int) -> list[np.ndarray]:
+    """The arrays in the checker's frames when it first uses a program, the key loaded afresh
+    under run seed ``seed`` (a key may draw its cases when it loads)."""
+    previous = os.environ.get(grading.SEED_ENV)
+    os.environ[grading.SEED_ENV] = str(seed)
+    try:
+        spec = importlib.util.spec_from_file_location(f"fresh_{key_path.stem}_{seed}", key_path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        exercise = module.KEY[exercise_id]
+        with pytest.raises(_Stop) as stopped:
+            exercise.judge([_StandIn() for _ in exercise.exports], None)
+    finally:
+        os.environ.pop(grading.SEED_ENV) if previous is None else os.environ.update(
+            {grading.SEED_ENV: previous})
+    arrays, frame = [], stopped.tb
+    while frame is not None:
+        if frame.tb_frame.f_code.co_filename == str(key_path):
+            arrays += [np.asarray(leaf) for leaf in jax.tree_util.tree_leaves(
+                list(frame.tb_frame.f_locals.values()))
+                if isinstance(leaf, (np.ndarray, jax.Array)) and np.size(leaf) > 1
+                and not isinstance(leaf, jax.core.Tracer)]   # a jitted lambda's arguments
+        frame = frame.tb_next
+    return arrays
+
+
+def _keys_with_code() -> list[Path]:
+    return [path for path in sorted(KEYS.glob("lab*.py")) if _code_calls(path)]
+
+
+@pytest.mark.parametrize("key_path", _keys_with_code(), ids=lambda path: path.stem)
+def test_each_code_exercise_withholds_the_library_and_draws_fresh_inputs(key_path, tmp_path):
+    calls, lines = _code_calls(key_path), key_path.read_text().splitlines()
+    key = grading.load_key(key_path)
+    assert set(calls) == {i for i, exercise in key.items() if exercise.exports}
+    for exercise_id, call in calls.items():
+        references = key[exercise_id].references
+        if references:   # each names a function the sandbox can guard
+            assert sandbox.withheld_binds(references, tmp_path), exercise_id
+        else:            # or the line after the call says why the library has none
+            after = next(line.strip() for line in lines[call.end_lineno:] if line.strip())
+            assert after.startswith(_NO_REFERENCES), (
+                f"{exercise_id} declares no references and no {_NO_REFERENCES!r} comment after "
+                f"its grading.code call (line {call.lineno}): name the library's function, or "
+                "say why it has none.")
+        first, second = (_drawn_inputs(key_path, exercise_id, seed) for seed in (11, 12))
+        assert first and len(first) == len(second), exercise_id
+        same = all(a.shape == b.shape and np.array_equal(a, b) for a, b in zip(first, second))
+        assert same == (exercise_id in _FIXED_INPUTS), (
+            f"{exercise_id}: two run seeds drew {'the same' if same else 'different'} hidden "
+            "inputs: draw them from grading.hidden_seed (or, for fixed model configurations, "
+            "list the exercise in _FIXED_INPUTS).")
+        print(f"✓ {exercise_id}: references {list(references) or 'none (said why)'}; "
+              f"{len(first)} arrays, {'fixed by design' if same else 'fresh per run seed'}")
