@@ -187,3 +187,15 @@ def test_run_all_on_the_wrapped_cells(capsys):
     exec("def double(x):\n    return x + 1", namespace)
     with pytest.raises(check.VerificationFailed):
         exec(next(c.source for c in copy.cells if "public_tests" in c.source), namespace)
+
+
+def test_a_string_over_several_lines_keeps_its_text_when_the_cell_is_wrapped():
+    # lab 09's public tests write a child script from a triple-quoted string: indenting its
+    # lines would hand the child an IndentationError
+    source = 'script = """import os\nprint(os.getpid())\n"""\nlength = len(script)\n'
+    wrapped = "with check.public_tests('lab98.1'):\n" + student.indented(source)
+    namespace = {"check": check}
+    exec(wrapped, namespace)
+    exec(source, expected := {})
+    assert namespace["script"] == expected["script"] and namespace["length"] == len("import os\nprint(os.getpid())\n")
+    assert student.indented("x = (\n") == "    x = (\n"   # a cell that does not parse: as is

@@ -20,8 +20,10 @@ with its expected value (``check.close``/``check.equal``) instead of recording i
 from __future__ import annotations
 
 import argparse
+import io
 import re
 import sys
+import tokenize
 from pathlib import Path
 
 import nbformat
@@ -85,6 +87,20 @@ def strip_solutions(notebook: nbformat.NotebookNode) -> nbformat.NotebookNode:
     return copy
 
 
+def indented(source: str, prefix: str = "    ") -> str:
+    """``source`` one block deeper: every code line gets ``prefix``; the lines inside a string
+    that spans lines (a script a cell writes to a file, say) keep their text exactly."""
+    inside_string: set[int] = set()   # 1-based numbers of lines that continue a string
+    try:
+        for token in tokenize.generate_tokens(io.StringIO(source).readline):
+            if token.type == tokenize.STRING and token.end[0] > token.start[0]:
+                inside_string.update(range(token.start[0] + 1, token.end[0] + 1))
+    except tokenize.TokenError:  # a cell that does not parse: the student sees its own error
+        pass
+    return "".join(line if number in inside_string or not line.strip() else prefix + line
+                   for number, line in enumerate(source.splitlines(keepends=True), start=1))
+
+
 def guard_public_tests(notebook: nbformat.NotebookNode) -> nbformat.NotebookNode:
     """Wrap each code exercise's public tests in :func:`clusterlab.course.check.public_tests`.
 
@@ -104,10 +120,8 @@ def guard_public_tests(notebook: nbformat.NotebookNode) -> nbformat.NotebookNode
         if answered and _SKELETON.search(cell.source):
             exercise, after_solution = answered.group(1), False
         elif after_solution:
-            body = "".join(f"    {line}" if line.strip() else line
-                           for line in cell.source.splitlines(keepends=True))
             cell.source = (f'with check.public_tests("{exercise}"):  # "not attempted" while the '
-                           f"function is a skeleton\n{body}")
+                           f"function is a skeleton\n{indented(cell.source)}")
             exercise, after_solution = None, False
     return notebook
 
