@@ -199,3 +199,24 @@ def test_a_string_over_several_lines_keeps_its_text_when_the_cell_is_wrapped():
     exec(source, expected := {})
     assert namespace["script"] == expected["script"] and namespace["length"] == len("import os\nprint(os.getpid())\n")
     assert student.indented("x = (\n") == "    x = (\n"   # a cell that does not parse: as is
+
+
+def test_run_all_on_a_fresh_copy_of_a_lab_reaches_the_end(tmp_path):
+    # Lab 02's fresh copy runs every cell in order, as Jupyter's "Run All" does: its two
+    # unwritten ring functions are reported by their public tests, not raised.
+    import nbclient
+
+    labs = tmp_path / "labs"
+    labs.mkdir()
+    lab = next((ROOT / "labs").glob("02-*.ipynb"))
+    (labs / lab.name).write_text(lab.read_text())
+    (copy_path,) = student.write_student_copies(labs, tmp_path / "student")
+    notebook = nbformat.read(copy_path, as_version=4)
+    nbclient.NotebookClient(notebook, timeout=600, kernel_name="python3",
+                            resources={"metadata": {"path": str(ROOT / "labs")}}).execute()
+    printed = "".join(output.get("text", "") for cell in notebook.cells
+                      if cell.cell_type == "code" for output in cell.outputs)
+    assert "○ lab02.3: not attempted yet (write ring_reduce_scatter.)" in printed
+    assert "○ lab02.4: not attempted yet (write ring_all_gather.)" in printed
+    assert all(output.get("output_type") != "error" for cell in notebook.cells
+               if cell.cell_type == "code" for output in cell.outputs)
