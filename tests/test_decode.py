@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from clusterlab.analytic import memory, serving
-from clusterlab.device import decode, devices, hlo, models
+from clusterlab.device import bench, decode, devices, hlo, models
 from clusterlab.device.parallel import tensor
 from conftest import sub_mesh
 
@@ -180,3 +180,16 @@ def test_input_errors(params, prompt):
     with pytest.raises(ValueError, match="max_len"):
         decode.init_params(jax.random.key(0), vocab_size=V, d_model=D, n_heads=NH, d_hidden=H,
                            n_layers=L, max_len=0)
+
+
+def test_compiled_decode_step_flops_are_the_serving_formula():
+    # lab 11's decoder (d 768, 8 heads, 2 layers, vocabulary 2048), one step at batch 1 over a
+    # 64-position cache: XLA's FLOPs within 5% of serving.decode_flops_per_token (2N over the
+    # weights that multiply every token, plus attention over the cache)
+    lab = decode.init_params(jax.random.key(0), vocab_size=2048, d_model=768, n_heads=8,
+                             d_hidden=3072, n_layers=2, max_len=2048)
+    n_matmul = models.param_count({k: v for k, v in lab.items() if k not in ("embed", "pos")})
+    cost = bench.program_cost(jax.jit(decode.decode_step), lab, decode.empty_cache(lab, 1, 64),
+                              jnp.zeros((1,), jnp.int32), jnp.int32(8))
+    formula = serving.decode_flops_per_token(n_matmul, n_layers=2, seq_len=64, d_attn=768)
+    assert cost.flops == pytest.approx(formula, rel=0.05)

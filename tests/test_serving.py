@@ -346,3 +346,15 @@ def test_speculative_simulation_negative_control():
 def test_speculative_bad_input(call, match):
     with pytest.raises(ValueError, match=match):
         call()
+
+
+def test_float32_decode_at_batch_1_does_half_a_flop_per_byte_whatever_the_cache():
+    # lab 11's claim: attention over the cache does 4 L S d FLOPs on its 8 L S d float32 bytes,
+    # the same 1/2 FLOP per byte as the weights' 2N FLOPs on 4N bytes
+    n_params, n_layers, d_model, heads = 14e6, 2, 768, 8
+    for cache_len in (1, 64, 2048):
+        kv = memory.kv_cache_bytes(n_layers, heads, d_model // heads, cache_len, 1,
+                                   bytes_per_element=4)
+        step_flops = serving.decode_flops_per_token(n_params, n_layers=n_layers,
+                                                    seq_len=cache_len, d_attn=d_model)
+        assert step_flops / serving.decode_step_bytes(4 * n_params, kv) == pytest.approx(0.5)
