@@ -63,6 +63,16 @@ def judge_solution(key, exercise_id: str, sources: list[str], name: str,
     return grading.judge(key, exercise_id, solution_functions(sources, planted)[name], {})
 
 
+def assert_solution_passes(key, exercise_id: str, sources: list[str], name: str) -> None:
+    """The key passes the lab's own solution ``name``; prints how long grading it took."""
+    import time
+
+    start = time.perf_counter()
+    verdict = judge_solution(key, exercise_id, sources, name)
+    print(f"{exercise_id} graded in {time.perf_counter() - start:.1f} s")
+    assert verdict.passed, verdict.line
+
+
 def key_module(lab: str):
     """``keys/<lab>.py`` loaded as a module, for tests that read its hidden cases."""
     import importlib.util
