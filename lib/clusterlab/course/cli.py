@@ -248,6 +248,13 @@ def _plan_parser(commands) -> None:
                     "that fits; or, with --budget-days and no --gpus, the smallest cluster that "
                     "meets the budget. Memory counts model states and activations. Each "
                     "layout flag pins its axis with one value or searches a comma list.")
+    _plan_model_options(plan)
+    _plan_layout_options(plan)
+    _plan_run_options(plan)
+
+
+def _plan_model_options(plan: argparse.ArgumentParser) -> None:
+    """The workload and the model's shape."""
     plan.add_argument("--params", type=float,
                       help="model parameters, e.g. 70e9 (default: counted from --layers, "
                            "--d-model, --heads, --kv-heads, --ffn and --vocab)")
@@ -271,6 +278,10 @@ def _plan_parser(commands) -> None:
     plan.add_argument("--precision", choices=("bf16", "fp8"), default="bf16",
                       help="training precision (bf16); fp8: the linear GEMMs at the FP8 "
                            "peak, attention and the rest in BF16")
+
+
+def _plan_layout_options(plan: argparse.ArgumentParser) -> None:
+    """The layout axes (one value pins, a comma list searches) and the experts."""
     plan.add_argument("--tensor-parallel", type=_positive_ints, default=_SPACE.tp,
                       help="tensor-parallel degrees, e.g. 8 or 2,4,8 (default: every divisor "
                            "of a node)")
@@ -300,6 +311,10 @@ def _plan_parser(commands) -> None:
                       help="expert capacity factor of the dispatch buffers (with --experts; 1)")
     plan.add_argument("--zero", type=_zero_stages, default=_SPACE.zero_stages,
                       help="ZeRO stages to search, e.g. 1,3 (0,1,2,3; 0 alone when dp = 1)")
+
+
+def _plan_run_options(plan: argparse.ArgumentParser) -> None:
+    """The cluster, the storage, the model's assumptions and the output."""
     plan.add_argument("--bytes-per-token", type=float, default=4.0,
                       help="bytes read from storage per token (4)")
     plan.add_argument("--gpu", default="H100", help="GPU name in clusterlab.catalog.hardware (H100)")

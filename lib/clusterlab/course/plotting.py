@@ -1092,6 +1092,68 @@ def _spec_text(spec: tuple[str | None, ...]) -> str:
     return "P(" + ", ".join("None" if e is None else repr(e) for e in spec) + ")"
 
 
+def _checked_mesh_specs(mesh_shape, axis_names, specs, array_shape):
+    """``(rows, cols, specs)`` for :func:`mesh_shardings_diagram`, or a ValueError naming the fix."""
+    rows, cols = (_checks.count(f"mesh_shape[{i}]", n) for i, n in enumerate(mesh_shape))
+    if rows > 4 or cols > 4:
+        raise ValueError(f"mesh_shardings_diagram draws meshes of up to 4 x 4 devices, got "
+                         f"{rows} x {cols}.")
+    first, second = axis_names
+    specs = [(first,), (first, second), (None, second), ()] if specs is None else list(specs)
+    if not 1 <= len(specs) <= 4:
+        raise ValueError(f"mesh_shardings_diagram draws 1 to 4 specs, got {len(specs)}.")
+    size = dict(zip(axis_names, (rows, cols)))
+    for spec in specs:
+        for dim, entry in enumerate(spec):
+            if entry in size and array_shape[dim] % size[entry]:
+                raise ValueError(f"{_spec_text(spec)}: dimension {dim} of the array "
+                                 f"({array_shape[dim]}) does not divide over the {size[entry]} "
+                                 f"devices of {entry!r}; choose an array_shape that divides.")
+    return rows, cols, specs
+
+
+def _draw_mesh(ax: Axes, shape: tuple[int, int], axis_names: tuple[str, str],
+               top_left: tuple[float, float], cell: float) -> None:
+    """The mesh's devices, numbered row by row in their colours, and its two named axes."""
+    (rows, cols), (mesh_x, mesh_top), (first, second) = shape, top_left, axis_names
+    for r, c in np.ndindex(rows, cols):
+        device = r * cols + c
+        ax.add_patch(Rectangle((mesh_x + c * cell, mesh_top - (r + 1) * cell), cell * 0.92,
+                               cell * 0.92, facecolor=_colour(device), edgecolor="white",
+                               gid=f"device {device}"))
+        ax.text(mesh_x + (c + 0.46) * cell, mesh_top - (r + 0.54) * cell, str(device),
+                ha="center", va="center", fontsize=10, fontweight="bold",
+                color=_text_on(_colour(device)))
+    mesh_bottom = mesh_top - rows * cell
+    _grey_arrow(ax, (mesh_x - 0.2, mesh_top), (mesh_x - 0.2, mesh_bottom))
+    ax.text(mesh_x - 0.3, (mesh_top + mesh_bottom) / 2, repr(first), rotation=90, ha="right",
+            va="center", fontsize=10)
+    _grey_arrow(ax, (mesh_x, mesh_bottom - 0.15), (mesh_x + cols * cell, mesh_bottom - 0.15))
+    ax.text(mesh_x + cols * cell / 2, mesh_bottom - 0.25, repr(second), ha="center", va="top",
+            fontsize=10)
+
+
+def _draw_sharded_array(ax: Axes, blocks: dict, spec: tuple, x0: float,
+                        size: tuple[float, float]) -> None:
+    """One spec's array at ``x0``: its blocks in the colour of their lowest device, labelled."""
+    array_w, array_h = size
+    n_r = 1 + max(b[0] for b in blocks)
+    n_c = 1 + max(b[1] for b in blocks)
+    ax.text(x0 + array_w / 2, array_h + 0.1, _spec_text(spec), ha="center", va="bottom",
+            fontsize=10, fontfamily="monospace")
+    for (r, c), held in blocks.items():
+        colour = _colour(held[0])
+        gid = f"{_spec_text(spec)} block {r} {c}"
+        bw, bh = array_w / n_c, array_h / n_r
+        ax.add_patch(Rectangle((x0 + c * bw, array_h - (r + 1) * bh), bw, bh,
+                               facecolor=colour, edgecolor="white", linewidth=1.5, gid=gid))
+        label = _device_list(held)
+        if len(label) > 3 and bw < 1.0:  # a narrow block: one device per line
+            label = "\n".join(map(str, held))
+        ax.text(x0 + (c + 0.5) * bw, array_h - (r + 0.5) * bh, label, ha="center",
+                va="center", fontsize=9, color=_text_on(colour), gid=gid)
+
+
 def mesh_shardings_diagram(mesh_shape: tuple[int, int] = (2, 4),
                            axis_names: tuple[str, str] = ("data", "model"),
                            specs: Sequence[tuple[str | None, ...]] | None = None,
@@ -1113,21 +1175,8 @@ def mesh_shardings_diagram(mesh_shape: tuple[int, int] = (2, 4),
     Returns:
         The figure.
     """
-    rows, cols = (_checks.count(f"mesh_shape[{i}]", n) for i, n in enumerate(mesh_shape))
-    if rows > 4 or cols > 4:
-        raise ValueError(f"mesh_shardings_diagram draws meshes of up to 4 x 4 devices, got "
-                         f"{rows} x {cols}.")
+    rows, cols, specs = _checked_mesh_specs(mesh_shape, axis_names, specs, array_shape)
     first, second = axis_names
-    specs = [(first,), (first, second), (None, second), ()] if specs is None else list(specs)
-    if not 1 <= len(specs) <= 4:
-        raise ValueError(f"mesh_shardings_diagram draws 1 to 4 specs, got {len(specs)}.")
-    size = dict(zip(axis_names, (rows, cols)))
-    for spec in specs:
-        for dim, entry in enumerate(spec):
-            if entry in size and array_shape[dim] % size[entry]:
-                raise ValueError(f"{_spec_text(spec)}: dimension {dim} of the array "
-                                 f"({array_shape[dim]}) does not divide over the {size[entry]} "
-                                 f"devices of {entry!r}; choose an array_shape that divides.")
     cell = 0.7  # a device's box in the mesh
     array_w = 3.0
     array_h = array_w * array_shape[0] / array_shape[1]
@@ -1137,45 +1186,15 @@ def mesh_shardings_diagram(mesh_shape: tuple[int, int] = (2, 4),
     xlim, ylim = (-0.1, max(width, cols * cell + 3.6) + 0.1), (-0.15, mesh_top + 0.15)
     fig, ax = plt.subplots(figsize=(DIAGRAM_MAX_WIDTH_IN, DIAGRAM_MAX_WIDTH_IN
                                     * (ylim[1] - ylim[0]) / (xlim[1] - xlim[0])))
-    mesh_x = 0.9
-    for r, c in np.ndindex(rows, cols):
-        device = r * cols + c
-        ax.add_patch(Rectangle((mesh_x + c * cell, mesh_top - (r + 1) * cell), cell * 0.92,
-                               cell * 0.92, facecolor=_colour(device), edgecolor="white",
-                               gid=f"device {device}"))
-        ax.text(mesh_x + (c + 0.46) * cell, mesh_top - (r + 0.54) * cell, str(device),
-                ha="center", va="center", fontsize=10, fontweight="bold",
-                color=_text_on(_colour(device)))
-    mesh_bottom = mesh_top - rows * cell
-    _grey_arrow(ax, (mesh_x - 0.2, mesh_top), (mesh_x - 0.2, mesh_bottom))
-    ax.text(mesh_x - 0.3, (mesh_top + mesh_bottom) / 2, repr(first), rotation=90, ha="right",
-            va="center", fontsize=10)
-    _grey_arrow(ax, (mesh_x, mesh_bottom - 0.15), (mesh_x + cols * cell, mesh_bottom - 0.15))
-    ax.text(mesh_x + cols * cell / 2, mesh_bottom - 0.25, repr(second), ha="center", va="top",
-            fontsize=10)
-    ax.text(mesh_x + cols * cell + 0.3, mesh_top - 0.1,
+    _draw_mesh(ax, (rows, cols), axis_names, (0.9, mesh_top), cell)
+    ax.text(0.9 + cols * cell + 0.3, mesh_top - 0.1,
             f"a mesh of {rows} x {cols} devices,\naxes {first!r} (rows) and {second!r} "
             f"(columns);\nbelow, an array f32[{array_shape[0]}, {array_shape[1]}] under\n"
             "each spec, a block labelled with\nthe devices that hold it",
             ha="left", va="top", fontsize=9)
     for k, spec in enumerate(specs):
-        blocks = sharding_blocks((rows, cols), axis_names, spec)
-        n_r = 1 + max(b[0] for b in blocks)
-        n_c = 1 + max(b[1] for b in blocks)
-        x0 = k * (array_w + gap)
-        ax.text(x0 + array_w / 2, array_h + 0.1, _spec_text(spec), ha="center", va="bottom",
-                fontsize=10, fontfamily="monospace")
-        for (r, c), held in blocks.items():
-            colour = _colour(held[0])
-            gid = f"{_spec_text(spec)} block {r} {c}"
-            bw, bh = array_w / n_c, array_h / n_r
-            ax.add_patch(Rectangle((x0 + c * bw, array_h - (r + 1) * bh), bw, bh,
-                                   facecolor=colour, edgecolor="white", linewidth=1.5, gid=gid))
-            label = _device_list(held)
-            if len(label) > 3 and bw < 1.0:  # a narrow block: one device per line
-                label = "\n".join(map(str, held))
-            ax.text(x0 + (c + 0.5) * bw, array_h - (r + 0.5) * bh, label, ha="center",
-                    va="center", fontsize=9, color=_text_on(colour), gid=gid)
+        _draw_sharded_array(ax, sharding_blocks((rows, cols), axis_names, spec), spec,
+                            k * (array_w + gap), (array_w, array_h))
     _diagram_axes(ax, xlim, ylim)
     fig.subplots_adjust(left=0.01, right=0.99, top=0.99, bottom=0.01)
     return fig
@@ -1227,6 +1246,41 @@ def _draw_rack_trays(ax: Axes, rack: hardware.Rack, x0: float, pitch: float) -> 
     return compute_y
 
 
+def _draw_scale_out(ax: Axes, compute_y: Sequence[float], nic_x: float, top: float,
+                    other_racks: int) -> None:
+    """Two leaves (one line from each compute tray's NICs), two spines, other racks."""
+    leaf_x, spine_x, other_x = 6.3, 7.9, 9.4
+    leaves = [top * 0.72, top * 0.28]
+    for k, y in enumerate(compute_y):
+        leaf = leaves[0] if k < len(compute_y) / 2 else leaves[1]
+        ax.plot([nic_x, leaf_x - 0.4], [y, leaf], color=RACK_COLOURS["fabric"], lw=0.8,
+                gid="tray uplink")
+    spines = [top * 0.62, top * 0.38]
+    other_ys = list(np.linspace(top * 0.85, top * 0.15, other_racks)) if other_racks > 1 \
+        else [top / 2]
+    for leaf in leaves:
+        for spine in spines:
+            ax.plot([leaf_x + 0.4, spine_x - 0.4], [leaf, spine], color=RACK_COLOURS["fabric"],
+                    lw=2)
+    for spine in spines:
+        for y in other_ys:
+            ax.plot([spine_x + 0.4, other_x - 0.45], [spine, y], color=RACK_COLOURS["fabric"],
+                    lw=2)
+    for name, x, ys in (("leaf", leaf_x, leaves), ("spine", spine_x, spines)):
+        for y in ys:
+            ax.add_patch(Rectangle((x - 0.4, y - 0.18), 0.8, 0.36,
+                                   facecolor=RACK_COLOURS["fabric"], edgecolor="black", lw=0.8,
+                                   gid=name))
+            ax.text(x, y, name, ha="center", va="center", fontsize=9)
+    for y in other_ys:
+        ax.add_patch(Rectangle((other_x - 0.45, y - 0.3), 1.1, 0.6, facecolor=RACK_COLOURS["tray"],
+                               edgecolor="black", lw=1, gid="other rack"))
+        ax.text(other_x + 0.1, y, "another\nrack", ha="center", va="center", fontsize=9)
+    ax.text((leaf_x + spine_x) / 2, top + 0.12, "scale-out network:\nInfiniBand or Ethernet",
+            ha="center", va="bottom", fontsize=9, color=RACK_COLOURS["fabric"],
+            fontweight="bold")
+
+
 def nvl72_rack_diagram(rack: hardware.Rack | str = "GB200 NVL72", *,
                        other_racks: int = 2) -> plt.Figure:
     """A rack-scale NVLink system and its scale-out network, drawn from the catalog's counts.
@@ -1274,36 +1328,7 @@ def nvl72_rack_diagram(rack: hardware.Rack | str = "GB200 NVL72", *,
             "one NVLink domain (scale-up)", ha="center", va="bottom", fontsize=9,
             color=RACK_COLOURS["nvlink"], fontweight="bold")
     nic_x = x0 + 2.55
-    leaf_x, spine_x, other_x = 6.3, 7.9, 9.4
-    leaves = [top * 0.72, top * 0.28]
-    for k, y in enumerate(compute_y):
-        leaf = leaves[0] if k < len(compute_y) / 2 else leaves[1]
-        ax.plot([nic_x, leaf_x - 0.4], [y, leaf], color=RACK_COLOURS["fabric"], lw=0.8,
-                gid="tray uplink")
-    spines = [top * 0.62, top * 0.38]
-    other_ys = list(np.linspace(top * 0.85, top * 0.15, other_racks)) if other_racks > 1 \
-        else [top / 2]
-    for leaf in leaves:
-        for spine in spines:
-            ax.plot([leaf_x + 0.4, spine_x - 0.4], [leaf, spine], color=RACK_COLOURS["fabric"],
-                    lw=2)
-    for spine in spines:
-        for y in other_ys:
-            ax.plot([spine_x + 0.4, other_x - 0.45], [spine, y], color=RACK_COLOURS["fabric"],
-                    lw=2)
-    for name, x, ys in (("leaf", leaf_x, leaves), ("spine", spine_x, spines)):
-        for y in ys:
-            ax.add_patch(Rectangle((x - 0.4, y - 0.18), 0.8, 0.36,
-                                   facecolor=RACK_COLOURS["fabric"], edgecolor="black", lw=0.8,
-                                   gid=name))
-            ax.text(x, y, name, ha="center", va="center", fontsize=9)
-    for y in other_ys:
-        ax.add_patch(Rectangle((other_x - 0.45, y - 0.3), 1.1, 0.6, facecolor=RACK_COLOURS["tray"],
-                               edgecolor="black", lw=1, gid="other rack"))
-        ax.text(other_x + 0.1, y, "another\nrack", ha="center", va="center", fontsize=9)
-    ax.text((leaf_x + spine_x) / 2, top + 0.12, "scale-out network:\nInfiniBand or Ethernet",
-            ha="center", va="bottom", fontsize=9, color=RACK_COLOURS["fabric"],
-            fontweight="bold")
+    _draw_scale_out(ax, compute_y, nic_x, top, other_racks)
     ax.text(nic_x + 0.1, -0.12, "orange line: one compute tray's NICs", ha="left", va="top",
             fontsize=9, color="0.3")
     _diagram_axes(ax, (-0.1, 10.7), (-0.5, top + 0.7))
