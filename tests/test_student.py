@@ -220,3 +220,11 @@ def test_run_all_on_a_fresh_copy_of_a_lab_reaches_the_end(tmp_path):
     assert "○ lab02.4: not attempted yet (write ring_all_gather.)" in printed
     assert all(output.get("output_type") != "error" for cell in notebook.cells
                if cell.cell_type == "code" for output in cell.outputs)
+
+
+def test_a_cell_the_lab_already_guards_is_not_wrapped_again():
+    guarded = 'with check.public_tests("lab98.1"):\n    double(3)'
+    notebook = _exercise_notebook()
+    notebook.cells[6].source = guarded
+    copy = student.strip_solutions(student.guard_public_tests(notebook))
+    assert [c.source for c in copy.cells if c.cell_type == "code"][2] == guarded

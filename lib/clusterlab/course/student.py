@@ -106,7 +106,8 @@ def guard_public_tests(notebook: nbformat.NotebookNode) -> nbformat.NotebookNode
 
     The public tests are the first code cell after the exercise's solution. In a fresh copy the
     function is still a skeleton, so the wrapped cell prints "not attempted" instead of raising,
-    and "Run All" goes on to the end. The notebook is changed in place and returned.
+    and "Run All" goes on to the end. A cell that already calls ``check.public_tests`` is left
+    as the lab wrote it. The notebook is changed in place and returned.
     """
     exercise, after_solution = None, False
     for cell in notebook.cells:
@@ -119,6 +120,8 @@ def guard_public_tests(notebook: nbformat.NotebookNode) -> nbformat.NotebookNode
         answered = _ANSWER_ID.search(cell.source)
         if answered and _SKELETON.search(cell.source):
             exercise, after_solution = answered.group(1), False
+        elif after_solution and "check.public_tests(" in cell.source:  # guarded in the lab
+            exercise, after_solution = None, False
         elif after_solution:
             cell.source = (f'with check.public_tests("{exercise}"):  # "not attempted" while the '
                            f"function is a skeleton\n{indented(cell.source)}")
