@@ -34,7 +34,8 @@ _DOTTED = re.compile(r"\bclusterlab\.(" + "|".join(LAYER_OF) + r")\b")
 def at_todays_paths(source: str) -> str:
     """An old planner module's source with its imports moved to the layered packages:
     ``from clusterlab import costmodel, hardware`` becomes one import per package, and
-    ``clusterlab.plan.step`` becomes ``clusterlab.analytic.plan.step``."""
+    ``clusterlab.plan.step`` becomes ``clusterlab.analytic.plan.step``; an estimate marked
+    ``validated=False`` is marked ``validation="untested"``."""
     def split(match: re.Match) -> str:
         indent, names = match.group(1), [n.strip() for n in match.group(2).split(",")]
         by_layer: dict[str, list[str]] = {}
@@ -43,6 +44,8 @@ def at_todays_paths(source: str) -> str:
         return "\n".join(f"{indent}from clusterlab.{layer} import {', '.join(group)}"
                          for layer, group in by_layer.items())
     source = _FROM_ROOT.sub(split, source)
+    # An estimate's flag became its level (costmodel.VALIDATION_LEVELS); prices are untouched.
+    source = source.replace("validated=False", 'validation="untested"')
     return _DOTTED.sub(lambda m: f"clusterlab.{LAYER_OF[m.group(1)]}.{m.group(1)}", source)
 
 

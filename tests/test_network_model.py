@@ -348,8 +348,39 @@ def test_large_single_node_all_reduce_is_validated_within_a_few_percent():
 
 def test_every_regime_reports_its_rows_and_range():
     for e in costmodel.validation_by_regime():
-        assert e.rows >= 1 and e.lowest <= e.highest
-        assert e.validated == (e.rows >= costmodel.MIN_VALIDATION_ROWS)
+        assert e.rows >= 1 and e.lowest <= e.highest and e.fewest_nodes <= e.most_nodes
+        assert e.validated == (e.rows >= costmodel.MIN_VALIDATION_ROWS
+                               and e.median_abs <= costmodel.TOLERANCE)
+        assert e.verdict().startswith("validated" if e.validated else "tested: off by")
+
+
+def test_validated_means_within_the_tolerance():
+    """No regime is validated above 15% median error (EFA's small messages: 388%), however
+    many rows it has; a regime with enough rows but a larger error is only tested."""
+    regimes = {str(e.regime): e for e in costmodel.validation_by_regime()}
+    assert costmodel.TOLERANCE == 0.15
+    assert all(e.median_abs <= costmodel.TOLERANCE for e in regimes.values() if e.validated)
+    efa_small = regimes[">2 nodes, EFA, all_reduce, < 1 MiB"]
+    assert efa_small.rows >= costmodel.MIN_VALIDATION_ROWS and not efa_small.validated
+    assert efa_small.verdict().startswith("tested: off by +245.8%")
+    # Negative control: a regime within the tolerance with enough rows is validated.
+    assert regimes["1 node, NVLink, all_reduce, >= 1 GiB"].validated
+
+
+def test_node_counts_beyond_the_rows_are_extrapolated():
+    """Rows on 4-12 InfiniBand nodes validate 4 nodes, not 64: that estimate is extrapolated,
+    with the same band (its regime's errors) but no validated flag."""
+    summary = costmodel.regime_summaries()[costmodel.regime("all_reduce", 4 * GIB, 4,
+                                                            "InfiniBand")]
+    levels = {}
+    for nodes in (summary.fewest_nodes, summary.most_nodes, summary.most_nodes + 1, 64):
+        cluster = hardware.ClusterSpec(gpu="H100", n_nodes=nodes, nic="IB-NDR", nics_per_node=8)
+        est = costmodel.cluster_collective("all_reduce", 4 * GIB, cluster)
+        levels[nodes] = est.validation
+        assert est.low_busbw == pytest.approx(est.busbw / (1 + summary.highest)
+                                              * (1 - costmodel.BAND_MARGIN))
+    assert levels == {summary.fewest_nodes: "validated", summary.most_nodes: "validated",
+                      summary.most_nodes + 1: "extrapolated", 64: "extrapolated"}
 
 
 def test_twenty_percent_short_at_large_sizes_on_a_validated_node_is_low():

@@ -353,26 +353,28 @@ def test_planner_hides_no_more_than_the_last_micro_batch_backward():
               f"exposed {hidden.dp_comm_s:.3f} s")
 
 
-def test_plans_say_where_the_network_model_is_unvalidated():
+def test_plans_say_where_the_network_model_is_untested():
     # 100 GbE between nodes: no published row in that regime, so the plan, its table row and
-    # its description say "unvalidated"; NDR InfiniBand has rows (nccl-tests#309 and others).
+    # its description say "untested"; NDR InfiniBand has rows (nccl-tests#309 and others).
     w = plan.Workload(7e9, 4096, 1024, n_tokens=2e12, n_layers=32, d_model=4096)
     ethernet = plan.cluster("H100", 512, storage_read_bytes_per_s=1e12,
                             fabric_link="Ethernet-100G", nics_per_node=1)
     p = plan.predict(w, ethernet, plan.Layout(dp=512))
     assert p.dp_estimate.regime.fabric == "Ethernet"
-    assert p.validated is False and p.network_model == "unvalidated"
-    assert p.dp_estimate.validated is costmodel.cluster_collective(
-        "all_reduce", 14e9, ethernet).validated is False
-    assert "unvalidated" in plan.format_plans([p]).splitlines()[1]
-    assert "unvalidated (no published rows in this regime)" in plan.describe_plan(p)
+    assert p.validated is False and p.network_model == "untested"
+    assert p.dp_estimate.validation == costmodel.cluster_collective(
+        "all_reduce", 14e9, ethernet).validation == "untested"
+    assert "untested" in plan.format_plans([p]).splitlines()[1]
+    assert "untested (no published rows back it)" in plan.describe_plan(p)
     assert f"NCCL {costmodel.NCCL_RELEASE}" in plan.describe_plan(p)
     ib = plan.predict(w, plan.cluster("H100", 512, storage_read_bytes_per_s=1e12),
                       plan.Layout(dp=512))
     assert ib.dp_estimate.regime.fabric == "InfiniBand"
     assert ib.validated is ib.dp_estimate.validated
+    # 64 nodes: the InfiniBand rows span 4-12 nodes, so the all-reduce is extrapolated.
+    assert ib.dp_estimate.validation == ib.network_model == "extrapolated"
     # A cluster given by its network's rate without a NIC cannot be placed in a regime:
-    # unvalidated.
+    # untested.
     bare = replace(ethernet, nic=None, network_bytes_per_s=400e9)
     assert plan.predict(w, bare, plan.Layout(dp=512)).validated is False
 
@@ -490,7 +492,7 @@ def test_format_plans_has_one_row_per_plan():
         f"dp{first.layout.dp}", f"tp{first.layout.tp}", f"pp{first.layout.pp}",
         str(first.layout.micro_batch), str(first.layout.virtual_stages),
         first.workload.recompute_policy, str(first.layout.zero_stage)]
-    assert lines[1].split()[-2] == plans[0].network_model       # "validated" / "unvalidated"
+    assert lines[1].split()[-2] == plans[0].network_model       # e.g. "validated", "extrapolated"
     assert f"NCCL {costmodel.NCCL_RELEASE}" in lines[-1]
     usable_gb = 0.9 * H100.memory_bytes / 1e9                # a tenth kept free by default
     assert f" activations) of {usable_gb:.1f} GB usable" in plan.describe_plan(plans[0])
@@ -517,7 +519,7 @@ def test_cli_plan_end_to_end():
     assert f"NCCL {costmodel.NCCL_RELEASE}" in result.stdout
     table = result.stdout.splitlines()
     first_row = table.index(plan.format_plans(best).splitlines()[1])
-    assert ("validated" if best[0].validated else "unvalidated") in table[first_row].split()
+    assert best[0].network_model in table[first_row].split()
 
 
 def test_cli_plan_overlap_flags_are_the_assumptions():
@@ -540,12 +542,12 @@ def test_cli_plan_overlap_flags_are_the_assumptions():
     assert "grad_bucket_params must be a positive integer" in err.getvalue()
 
 
-def test_cli_plan_prints_unvalidated_regimes():
+def test_cli_plan_prints_untested_regimes():
     result = run_python("-m", "clusterlab", "plan", "--params", "7e9", "--tokens", "2e12",
                         "--gpu", "H100", "--gpus", "512", "--fabric", "Ethernet-100G",
                         "--nics-per-node", "1", "--top", "2")
     assert result.returncode == 0, result.stderr
-    assert "unvalidated" in result.stdout
+    assert "untested" in result.stdout
 
 
 def test_cli_plan_sizes_the_cluster_and_names_errors():

@@ -228,7 +228,7 @@ def test_search_finds_no_layout_without_ep_and_one_with_ep_8():
     assert best.fits and best.layout.ep == 8 and best.layout.pp == 1
     assert all(p.layout.ep == 8 for p in result.plans)
     assert any(r.reason == "does not fit in memory" for r in result.refused)
-    assert best.ep_comm_s > 0 and best.network_model == "unvalidated"
+    assert best.ep_comm_s > 0 and best.network_model == "untested"
     # a dense model's error does not offer experts
     with pytest.raises(ValueError, match="No layout fits") as dense_error:
         search_layouts(replace(W70, n_params=400e9, vocab_size=None), _cluster(64),
@@ -334,7 +334,7 @@ def test_bad_ep_is_named_by_the_rules_and_predict():
 
 
 def test_validation_table_has_no_moe_row():
-    """Why the expert-parallel terms are marked unvalidated: no published MoE training run."""
+    """Why the expert-parallel terms are marked untested: no published MoE training run."""
     assert all(r.plan.workload.moe is None and r.plan.layout.ep == 1
                for r in plan.validation_table())
 

@@ -84,7 +84,9 @@ def _expect_parser(commands) -> None:
                     "would pick. "
                     "The floor is the model's measured error in that regime (nodes, fabric, "
                     "op, size class) over published nccl-tests rows; where a regime has too "
-                    "few rows the expectation is unvalidated and every verdict says so. With "
+                    "few rows the expectation is unvalidated, and it is validated only where "
+                    "the regime's median error is within 15% on the rows' node counts; every "
+                    "verdict says which. With "
                     "--measured, read an nccl-tests *_perf output (text, or its -J JSON file) "
                     "and give a verdict per size: normal, low (with likely causes) or high "
                     "(above line rate: in-network reduction).")

@@ -15,9 +15,12 @@ The floor is not a fixed margin: it is the model's own measured error in the siz
 In a regime with at least ``costmodel.MIN_VALIDATION_ROWS`` published test rows the floor is
 ``expected / (1 + largest over-prediction of a healthy row) * (1 - BAND_MARGIN)``: a run that
 falls below it is slower than every healthy published run was, relative to the model. Elsewhere
-the expectation itself is unvalidated: the floor is ``(1 - UNVALIDATED_BAND) * expected`` and
-every verdict says so (``"low (expectation unvalidated: no published rows for ...)"``).
-A validated band catches a loss only when the regime's errors are narrow enough
+the expectation is unvalidated: the floor is ``(1 - UNVALIDATED_BAND) * expected`` and every
+verdict says so (``"low (expectation unvalidated: no published rows for ...)"``). The
+expectation is *validated* only where the regime's median |error| is within
+``costmodel.TOLERANCE`` (15%) and the run's node count lies within the rows'; otherwise each
+verdict says it is only tested (with the median error) or extrapolated (with the rows' span).
+A band catches a loss only when the regime's errors are narrow enough
 (:func:`clusterlab.analytic.costmodel.smallest_caught_loss`); where it cannot catch a loss of
 ``LOSS_TO_CATCH`` (40%), a normal verdict says so (``"normal (band -11..+65%: cannot detect a
 40% loss here, only one over 46%)"``).
@@ -341,8 +344,8 @@ def check_transport(transport: str, op: str, sizes, cluster: hardware.ClusterSpe
         cluster: the cluster.
 
     Raises:
-        ValueError: an unknown transport, or one with no validated regime for some size; the
-            message names what is missing.
+        ValueError: an unknown transport, or one whose regime has too few published rows for
+            some size; the message names what is missing.
     """
     if transport not in TRANSPORTS:
         raise ValueError(f"Unknown transport {transport!r}; use one of {', '.join(TRANSPORTS)}.")
@@ -456,26 +459,50 @@ def verdict(measured_gbps: float, estimate: costmodel.CollectiveEstimate, *,
 
 
 def _head(status: str, estimate: costmodel.CollectiveEstimate, regime_rows: int) -> str:
-    """The status, with what the band cannot tell: an unvalidated expectation, or (for a
-    normal verdict) a band too wide to catch a loss of ``LOSS_TO_CATCH``."""
-    if not estimate.validated:
+    """The status, with what the band cannot tell: an expectation that its regime's rows do not
+    validate (too few rows, an error above ``costmodel.TOLERANCE``, a node count beyond the
+    rows), or (for a normal verdict) a band too wide to catch a loss of ``LOSS_TO_CATCH``."""
+    if regime_rows < costmodel.MIN_VALIDATION_ROWS:
         return f"{status} ({_unvalidated(estimate.regime, regime_rows)})"
+    notes = [] if estimate.validated else [_not_validated(estimate)]
     errors = costmodel.regime_errors()[estimate.regime]
     caught = costmodel.smallest_caught_loss(errors)
-    if status != "normal" or caught <= LOSS_TO_CATCH:
-        return status
-    return (f"{status} (band {100 * min(errors):+.0f}..{100 * max(errors):+.0f}%: cannot "
-            f"detect a {100 * LOSS_TO_CATCH:.0f}% loss here, only one over {100 * caught:.0f}%)")
+    if status == "normal" and caught > LOSS_TO_CATCH:
+        notes.append(f"band {100 * min(errors):+.0f}..{100 * max(errors):+.0f}%: cannot detect "
+                     f"a {100 * LOSS_TO_CATCH:.0f}% loss here, only one over {100 * caught:.0f}%")
+    return status + (f" ({'; '.join(notes)})" if notes else "")
 
 
-def _regime_info(where: costmodel.Regime) -> dict:
+def _not_validated(estimate: costmodel.CollectiveEstimate) -> str:
+    """Why an expectation in a regime with enough rows is still not validated."""
+    summary = costmodel.regime_summaries()[estimate.regime]
+    if estimate.validation == "extrapolated":
+        return f"extrapolated: the published rows span {_node_span(summary)} nodes"
+    return (f"tested, not validated: median error {100 * summary.median_abs:.0f}% "
+            f"(tolerance {100 * costmodel.TOLERANCE:.0f}%)")
+
+
+def _node_span(summary: costmodel.RegimeError) -> str:
+    """The node counts of a regime's rows: ``"4-12"``, or ``"2"`` where they agree."""
+    if summary.fewest_nodes == summary.most_nodes:
+        return str(summary.fewest_nodes)
+    return f"{summary.fewest_nodes}-{summary.most_nodes}"
+
+
+def _regime_info(where: costmodel.Regime, validation: str) -> dict:
+    """A regime's rows and errors, with ``validation``, the level of the estimates in it."""
     errors = costmodel.regime_errors().get(where, ())
-    validated = len(errors) >= costmodel.MIN_VALIDATION_ROWS
-    return {"regime": str(where), "rows": len(errors), "validated": validated,
+    has_band = len(errors) >= costmodel.MIN_VALIDATION_ROWS
+    summary = costmodel.regime_summaries().get(where)
+    return {"regime": str(where), "rows": len(errors), "validation": validation,
+            "validated": validation == "validated",
+            "row_nodes": None if summary is None else _node_span(summary),
+            "median_abs_error": round(statistics.median(abs(e) for e in errors), 4)
+            if errors else None,
             "lowest_error": round(min(errors), 4) if errors else None,
             "highest_error": round(max(errors), 4) if errors else None,
             "smallest_caught_loss": (round(costmodel.smallest_caught_loss(errors), 4)
-                                     if validated else None)}
+                                     if has_band else None)}
 
 
 def cluster_from_options(gpu: hardware.GPU | str, nodes: int, gpus_per_node: int = 8, *,
@@ -522,7 +549,9 @@ def verdicts(op: str, sizes, cluster: hardware.ClusterSpec, *, fabric: str | Non
     Returns:
         Per size: ``size_bytes``; ``expected_busbw_gbps``; ``low_gbps`` (the band's floor:
         ``CollectiveEstimate.low_busbw``); ``high_gbps`` (line rate); ``algorithm``
-        (``algorithm/protocol``); ``regime`` (its text), ``validated``, ``regime_rows``
+        (``algorithm/protocol``); ``regime`` (its text), ``validation`` (one of
+        ``costmodel.VALIDATION_LEVELS``), ``validated`` (``validation == "validated"``),
+        ``regime_rows``
         (published test rows in that regime) and ``smallest_caught_loss`` (the smallest loss
         the band always flags; None where unvalidated); ``measured_busbw_gbps``, ``status``
         (``normal``, ``low``, ``high``), ``verdict`` (the text: ``verdict_head``, then ``": "``
@@ -537,13 +566,13 @@ def verdicts(op: str, sizes, cluster: hardware.ClusterSpec, *, fabric: str | Non
     for size in sizes:
         est = costmodel.cluster_collective(op, size, cluster, algorithm=algorithm,
                                            fabric=fabric)
-        info = _regime_info(est.regime)
+        info = _regime_info(est.regime, est.validation)
         row = {"size_bytes": int(size), "expected_busbw_gbps": round(est.busbw / 1e9, 2),
                "low_gbps": round(est.low_busbw / 1e9, 2),
                "high_gbps": round(est.high_busbw / 1e9, 2),
                "algorithm": f"{est.algorithm}/{est.protocol}",
-               "regime": info["regime"], "validated": est.validated,
-               "regime_rows": info["rows"],
+               "regime": info["regime"], "validation": est.validation,
+               "validated": est.validated, "regime_rows": info["rows"],
                "smallest_caught_loss": info["smallest_caught_loss"],
                "measured_busbw_gbps": None, "status": None, "verdict": None,
                "verdict_head": None, "detail": None}
@@ -560,20 +589,23 @@ def verdicts(op: str, sizes, cluster: hardware.ClusterSpec, *, fabric: str | Non
 
 def regimes(rows: list[dict]) -> list[dict]:
     """The distinct regimes of :func:`verdicts`' rows, in size order: ``regime``, ``rows``,
-    ``validated``, ``lowest_error`` and ``highest_error`` (the model's error range over that
-    regime's published test rows, ``(model - published) / published``; None without rows) and
-    ``smallest_caught_loss`` (:func:`clusterlab.analytic.costmodel.smallest_caught_loss`; None
-    where unvalidated)."""
+    ``validation`` and ``validated`` (as in the rows), ``row_nodes`` (the node counts of its
+    published rows, ``"4-12"``; None without rows), ``median_abs_error``, ``lowest_error``
+    and ``highest_error`` (the model's error over that regime's published test rows,
+    ``(model - published) / published``; None without rows) and ``smallest_caught_loss``
+    (:func:`clusterlab.analytic.costmodel.smallest_caught_loss`; None with too few rows for a
+    band)."""
     seen: dict[str, dict] = {}
     for row in rows:
         if row["regime"] not in seen:
-            seen[row["regime"]] = _regime_info(costmodel.Regime(*row["regime"].split(", ")))
+            seen[row["regime"]] = _regime_info(costmodel.Regime(*row["regime"].split(", ")),
+                                               row["validation"])
     return list(seen.values())
 
 
 def band_text(info: dict) -> str:
     """One line on how a regime sets the band's floor (``expect``'s header)."""
-    if not info["validated"]:
+    if info["smallest_caught_loss"] is None:
         rows = info["rows"]
         count = "no published rows" if rows == 0 else f"only {rows} published row(s)"
         return (f"{info['regime']}: UNVALIDATED ({count}); floor = "
@@ -582,10 +614,14 @@ def band_text(info: dict) -> str:
     reach = (f"catches any loss over {100 * caught:.0f}%" if caught <= LOSS_TO_CATCH else
              f"cannot detect a {100 * LOSS_TO_CATCH:.0f}% loss, only one over "
              f"{100 * caught:.0f}%")
-    return (f"{info['regime']}: {info['rows']} published rows, model error "
-            f"{100 * info['lowest_error']:+.1f}..{100 * info['highest_error']:+.1f}%; floor = "
-            f"expected / {1 + info['highest_error']:.3f} x {1 - costmodel.BAND_MARGIN:.2f}; "
-            f"{reach}")
+    level = {"validated": "VALIDATED", "tested": "TESTED, NOT VALIDATED",
+             "extrapolated": f"EXTRAPOLATED (rows on {info['row_nodes']} nodes)"
+             }[info["validation"]]
+    return (f"{info['regime']}: {level}: {info['rows']} published rows, model error "
+            f"{100 * info['lowest_error']:+.1f}..{100 * info['highest_error']:+.1f}% (median "
+            f"|error| {100 * info['median_abs_error']:.1f}%, tolerance "
+            f"{100 * costmodel.TOLERANCE:.0f}%); floor = expected / "
+            f"{1 + info['highest_error']:.3f} x {1 - costmodel.BAND_MARGIN:.2f}; {reach}")
 
 
 def format_table(rows: list[dict]) -> str:

@@ -50,12 +50,14 @@ from clusterlab.analytic.costmodel.traffic import (MEGATRON_PAIRS_PER_LAYER, PIP
                                                    sharded_data_parallel_bytes_per_step,
                                                    tensor_parallel_bytes_per_step)
 from clusterlab.analytic.costmodel.validation import (BAND_MARGIN, MIN_VALIDATION_ROWS,
-                                                      UNVALIDATED_BAND, Disagreement, RegimeError,
+                                                      TOLERANCE, UNVALIDATED_BAND,
+                                                      VALIDATION_LEVELS, Disagreement, RegimeError,
                                                       ValidationRow, disagreements,
                                                       fit_launch_overhead, fit_set_parameters,
                                                       format_disagreements, format_regime_errors,
                                                       format_validation_table, median_abs_error,
                                                       published_time_s, regime_errors,
+                                                      regime_summaries,
                                                       smallest_caught_loss,
                                                       validation_by_regime, nccl_validation_table)
 
@@ -64,7 +66,8 @@ __all__ = [
     "IMPLEMENTATIONS", "MEGATRON_PAIRS_PER_LAYER", "MIN_VALIDATION_ROWS", "NCCL_RELEASE",
     "NIC_EFFICIENCY", "NVLINK_EFFICIENCY", "OPS", "PIPELINE_FILL_CHUNKS", "PIPELINE_SCHEDULES",
     "PROTOCOLS", "RUNNABLE_OPS",
-    "SIZE_CLASSES", "UNVALIDATED_BAND", "AlphaBeta", "CollectiveEstimate", "Disagreement",
+    "SIZE_CLASSES", "TOLERANCE", "UNVALIDATED_BAND", "VALIDATION_LEVELS", "AlphaBeta",
+    "CollectiveEstimate", "Disagreement",
     "HeldOutFit", "Regime", "RegimeError", "TensorParallelTraffic", "TwoLevelModel",
     "ValidationRow", "algbw", "all_reduce_time", "busbw", "busbw_factor", "check_pipeline",
     "cluster_collective", "collective_alpha_beta", "collective_steps_and_bytes", "collective_time",
@@ -74,6 +77,7 @@ __all__ = [
     "hierarchical_all_reduce_time", "link_from_fit", "median_abs_error",
     "megatron_all_reduces_per_layer", "pipeline_activation_microbatches",
     "pipeline_bubble_fraction", "published_time_s", "regime", "regime_errors",
+    "regime_summaries",
     "sharded_data_parallel_bytes_per_step", "smallest_caught_loss",
     "tensor_parallel_bytes_per_step",
     "validation_by_regime", "nccl_validation_table",

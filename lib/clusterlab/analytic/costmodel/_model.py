@@ -149,7 +149,8 @@ class CollectiveEstimate:
             the term that set the bandwidth: "NVLink", "PCIe", "network", or one of NCCL's caps
             ("LL cap", "LL128 channel cap", "tree channel cap", "NVLS-tree channel cap").
         regime: where the estimate lies (:class:`Regime`).
-        validated: whether the regime has at least ``MIN_VALIDATION_ROWS`` published test rows.
+        validation: how far published rows back it, one of ``VALIDATION_LEVELS``
+            ("validated", "tested", "extrapolated", "untested"; see :func:`with_band`).
         nccl_release: the NCCL release whose rules priced it.
     """
 
@@ -166,8 +167,13 @@ class CollectiveEstimate:
     high_busbw: float
     bottleneck: str
     regime: Regime | None = None
-    validated: bool = False
+    validation: str = "untested"
     nccl_release: str = NCCL_RELEASE
+
+    @property
+    def validated(self) -> bool:
+        """Whether its regime's rows validate it (within the tolerance, on their node counts)."""
+        return self.validation == "validated"
 
     @property
     def n_gpus(self) -> int:

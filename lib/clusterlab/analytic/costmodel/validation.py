@@ -25,11 +25,19 @@ from clusterlab.catalog.published import nccl_tests
 #: A healthy run's margin below the band that the model's validated error sets (run to run
 #: noise of one nccl-tests measurement).
 BAND_MARGIN = 0.05
-#: Fewer test rows than this in a regime, and the regime counts as unvalidated.
+#: Fewer test rows than this in a regime, and the rows set no band (and validate nothing).
 MIN_VALIDATION_ROWS = 3
-#: The band used where a regime has no validation: a healthy run lies above
+#: A regime is validated when the median |error| of its test rows is at most this; a regime
+#: with rows but a larger error is only "tested".
+TOLERANCE = 0.15
+#: The band used where a regime has too few rows to set one: a healthy run lies above
 #: ``(1 - UNVALIDATED_BAND) * expected``.
 UNVALIDATED_BAND = 0.5
+#: How far published rows back an estimate, best first (:attr:`CollectiveEstimate.validation`):
+#: "validated": at least ``MIN_VALIDATION_ROWS`` test rows in its regime, median |error| at most
+#: ``TOLERANCE``, and its node count inside theirs; "tested": rows, but too few or a larger
+#: error; "extrapolated": a regime with rows, at a node count beyond them; "untested": no rows.
+VALIDATION_LEVELS = ("validated", "tested", "extrapolated", "untested")
 
 
 def smallest_caught_loss(errors: Sequence[float]) -> float:
@@ -51,15 +59,23 @@ def smallest_caught_loss(errors: Sequence[float]) -> float:
     return 1 - (1 - BAND_MARGIN) * (1 + min(errors)) / (1 + max(errors))
 
 
-def with_band(estimate: CollectiveEstimate, where: Regime) -> CollectiveEstimate:
-    """The estimate with its regime and the band that the regime's validation sets."""
+def with_band(estimate: CollectiveEstimate, where: Regime, nccl_nodes: int) -> CollectiveEstimate:
+    """The estimate with its regime, its validation level and the band the regime's rows set.
+
+    Args:
+        estimate: the model's estimate.
+        where: its regime.
+        nccl_nodes: its node count as NCCL counts nodes (one per NVLink domain), to compare
+            with the node counts of the regime's rows.
+    """
+    summary = regime_summaries().get(where)
     errors = regime_errors().get(where, ())
-    validated = len(errors) >= MIN_VALIDATION_ROWS
-    if validated:
+    if len(errors) >= MIN_VALIDATION_ROWS:
         low = estimate.busbw / (1 + max(errors)) * (1 - BAND_MARGIN)
     else:
         low = estimate.busbw * (1 - UNVALIDATED_BAND)
-    return replace(estimate, low_busbw=low, regime=where, validated=validated)
+    level = "untested" if summary is None else summary.level_at(nccl_nodes)
+    return replace(estimate, low_busbw=low, regime=where, validation=level)
 
 
 
@@ -80,6 +96,7 @@ class ValidationRow:
     provenance: str
     nccl_version: str | None
     published_algorithm: str
+    nccl_nodes: int
 
     @property
     def error(self) -> float:
@@ -104,7 +121,8 @@ def _model_row(row: nccl_tests.PublishedRow) -> ValidationRow:
                          model_algorithm=estimate.algorithm, role=row.role, source=row.source,
                          regime=_model.cluster_regime(estimate, cluster, row.fabric),
                          provenance=row.provenance, nccl_version=row.nccl_version,
-                         published_algorithm=row.algorithm)
+                         published_algorithm=row.algorithm,
+                         nccl_nodes=_model.nccl_nodes(cluster).n_nodes)
 
 
 def nccl_validation_table(role: str | None = "test") -> list[ValidationRow]:
@@ -132,10 +150,29 @@ class RegimeError:
     lowest: float            # most negative error (the model under-predicts)
     highest: float           # most positive error (the model over-predicts)
     sources: int             # distinct sources (URLs) among the rows
+    fewest_nodes: int        # the rows' node counts, as NCCL counts nodes (one per NVLink
+    most_nodes: int          # domain): beyond them an estimate is extrapolated
 
     @property
     def validated(self) -> bool:
-        return self.rows >= MIN_VALIDATION_ROWS
+        """At least ``MIN_VALIDATION_ROWS`` rows and a median |error| within ``TOLERANCE``."""
+        return self.rows >= MIN_VALIDATION_ROWS and self.median_abs <= TOLERANCE
+
+    def level_at(self, nccl_nodes: int) -> str:
+        """The validation level (:data:`VALIDATION_LEVELS`) of an estimate in this regime on
+        ``nccl_nodes`` nodes."""
+        if not self.fewest_nodes <= nccl_nodes <= self.most_nodes:
+            return "extrapolated"
+        return "validated" if self.validated else "tested"
+
+    def verdict(self) -> str:
+        """The regime's validation in words: ``"validated: median 2.4%, -28.8% to +5.6%"`` or
+        ``"tested: off by -52.6% to +26.0%"`` (a median, and with few rows, a row count)."""
+        spread = f"{100 * self.lowest:+.1f}% to {100 * self.highest:+.1f}%"
+        if self.validated:
+            return f"validated: median {100 * self.median_abs:.1f}%, {spread}"
+        few = f", {self.rows} row{'s' * (self.rows > 1)}" if self.rows < MIN_VALIDATION_ROWS else ""
+        return f"tested: off by {spread} (median {100 * self.median_abs:.1f}%{few})"
 
 
 def validation_by_regime(rows: Sequence[ValidationRow] | None = None) -> list[RegimeError]:
@@ -151,10 +188,12 @@ def validation_by_regime(rows: Sequence[ValidationRow] | None = None) -> list[Re
     out = []
     for where in sorted(groups, key=str):
         errors = [r.error for r in groups[where]]
+        nodes = [r.nccl_nodes for r in groups[where]]
         out.append(RegimeError(regime=where, rows=len(errors),
                                median_abs=float(np.median(np.abs(errors))), lowest=min(errors),
                                highest=max(errors),
-                               sources=len({r.source.split(" ")[0] for r in groups[where]})))
+                               sources=len({r.source.split(" ")[0] for r in groups[where]}),
+                               fewest_nodes=min(nodes), most_nodes=max(nodes)))
     return out
 
 
@@ -170,12 +209,25 @@ def regime_errors() -> dict[Regime, tuple[float, ...]]:
     return _regime_errors(_model.LAUNCH_OVERHEAD_S, _model.PIPELINE_FILL_CHUNKS)
 
 
+@functools.lru_cache(maxsize=1)
+def _regime_summaries(launch_overhead_s: float,
+                      fill_chunks: float) -> dict[Regime, RegimeError]:
+    return {e.regime: e for e in validation_by_regime()}
+
+
+def regime_summaries() -> dict[Regime, RegimeError]:
+    """Each regime's :class:`RegimeError` over its test rows (cached)."""
+    return _regime_summaries(_model.LAUNCH_OVERHEAD_S, _model.PIPELINE_FILL_CHUNKS)
+
+
 def format_regime_errors(errors: Sequence[RegimeError]) -> str:
     """A fixed-width table of :func:`validation_by_regime`."""
-    lines = [f"{'regime':<58} {'rows':>4} {'sources':>7} {'median':>7} {'range':>15}"]
+    lines = [f"{'regime':<58} {'rows':>4} {'sources':>7} {'median':>7} {'range':>15}  level"]
     for e in errors:
+        range_ = f"{100 * e.lowest:+.1f}..{100 * e.highest:+.1f}%"
         lines.append(f"{str(e.regime):<58} {e.rows:4d} {e.sources:7d} "
-                     f"{100 * e.median_abs:6.1f}% {100 * e.lowest:+6.1f}..{100 * e.highest:+.1f}%")
+                     f"{100 * e.median_abs:6.1f}% {range_:>15}  "
+                     f"{'validated' if e.validated else 'tested'}")
     return "\n".join(lines)
 
 

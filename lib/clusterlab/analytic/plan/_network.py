@@ -23,13 +23,13 @@ def collective(op: ClusterOp, nbytes: float,
     """NCCL's ``op`` of an ``nbytes`` buffer (nccl-tests' ``size``: for an all-gather the
     gathered output, for a reduce-scatter its input) over every GPU of ``group``.
 
-    The estimate is marked unvalidated where no published row can back it whatever its regime:
+    The estimate is marked untested where no published row can back it whatever its regime:
     a network without a named NIC (its fabric is unknown) or an accelerator outside the catalog
     (a TPU in the planner's validation tests is priced as if NCCL ran on it).
     """
     estimate = costmodel.cluster_collective(op, nbytes, group)
     if (group.n_nodes > 1 and group.nic is None) or not _nccl_knows(group.gpu):
-        estimate = replace(estimate, validated=False)
+        estimate = replace(estimate, validation="untested")
     return estimate
 
 

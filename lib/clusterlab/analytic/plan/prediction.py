@@ -98,17 +98,19 @@ class Plan:
 
     @property
     def validated(self) -> bool:
-        """Whether every collective the plan prices lies in a regime with published rows
-        (``costmodel.validation_by_regime``); False: some of its network time is unvalidated
-        (always with expert parallelism: no published MoE training row backs its all-to-alls)."""
-        return all(e.validated for e in (self.dp_estimate, self.tp_estimate, self.cp_estimate,
-                                         self.ep_estimate)
-                   if e is not None)
+        """Whether published rows validate every collective the plan prices: each in a regime
+        whose median error is within ``costmodel.TOLERANCE``, on the rows' node counts
+        (``costmodel.validation_by_regime``). Never with expert parallelism: no published MoE
+        training row backs its all-to-alls."""
+        return self.network_model == "validated"
 
     @property
     def network_model(self) -> str:
-        """"validated" or "unvalidated", for tables: see :attr:`validated`."""
-        return "validated" if self.validated else "unvalidated"
+        """The weakest validation level of the plan's collectives, one of
+        ``costmodel.VALIDATION_LEVELS`` ("validated", "tested", "extrapolated", "untested")."""
+        levels = [e.validation for e in (self.dp_estimate, self.tp_estimate, self.cp_estimate,
+                                         self.ep_estimate) if e is not None]
+        return max(levels, key=costmodel.VALIDATION_LEVELS.index, default="validated")
 
     @property
     def step_s(self) -> float:
@@ -795,7 +797,7 @@ def _expert_parallel(workload: Workload, cluster: ClusterSpec, layout: Layout,
     local, nodes = _ep_placement(layout, cluster)
     estimate = collective("all_to_all", expert_all_to_all_bytes(workload, layout),
                           group_of(cluster, local, nodes))
-    estimate = replace(estimate, validated=False)
+    estimate = replace(estimate, validation="untested")
     per_layer = ep_all_to_alls_per_layer(workload.recompute_policy)
     return (microbatches * (workload.moe_layers / layout.pp) * per_layer * estimate.time_s,
             estimate)

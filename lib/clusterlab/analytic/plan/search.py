@@ -329,8 +329,11 @@ def format_plans(plans: list[Plan]) -> str:
             f"{p.optimizer_s:7.3f} {p.data_wait_s:7.3f} {p.step_s:8.3f} {100 * p.mfu:5.1f}% {days:7.1f}  "
             f"{p.network_model:<13}  {p.bottleneck}")
     lines.append(f"# all-reduces priced by NCCL {costmodel.NCCL_RELEASE}'s tuning model "
-                 f"(costmodel.cluster_collective); 'unvalidated': no published rows in that "
-                 f"regime (costmodel.validation_by_regime)")
+                 f"(costmodel.cluster_collective); network model: 'validated' where published "
+                 f"rows in each collective's regime hold the model within "
+                 f"{100 * costmodel.TOLERANCE:.0f}% (median) on their node counts, 'tested' "
+                 f"where they show a larger error, 'extrapolated' beyond their node counts, "
+                 f"'untested' without rows (costmodel.validation_by_regime)")
     if with_ep:
         lines.append("# ep a2a: expert parallelism's all-to-alls (costmodel.cluster_collective's "
                      "grouped send/receive), unvalidated: no published MoE training row in "
@@ -392,6 +395,17 @@ DP_OVERLAP = {
 }
 
 
+def _validation_words(estimate: costmodel.CollectiveEstimate) -> str:
+    """How far published rows back one of a plan's collectives, in words."""
+    summary = costmodel.regime_summaries().get(estimate.regime)
+    if estimate.validation == "untested" or summary is None:
+        return "untested (no published rows back it)"
+    if estimate.validation == "extrapolated":
+        return (f"extrapolated (published rows on {summary.fewest_nodes}-{summary.most_nodes} "
+                "nodes only)")
+    return f"{summary.verdict()} over {summary.rows} published rows"
+
+
 def describe_plan(plan: Plan) -> str:
     """Several lines that summarize one plan for a reader."""
     w, cluster = plan.workload, plan.hardware
@@ -420,9 +434,7 @@ def describe_plan(plan: Plan) -> str:
             lines.append(
                 f"{label}: {estimate.algorithm}/{estimate.protocol} as NCCL "
                 f"{estimate.nccl_release} would run it, {estimate.busbw / 1e9:.0f} GB/s busbw; "
-                f"regime {estimate.regime}: "
-                + ("validated against published rows" if estimate.validated else
-                   "unvalidated (no published rows in this regime)"))
+                f"regime {estimate.regime}: {_validation_words(estimate)}")
     if plan.dp_reduce_s > 0:
         overlap = (DP_OVERLAP[plan.layout.zero_stage] if plan.assumptions.overlap_grad_reduce
                    else "none of it overlapped")
