@@ -87,8 +87,8 @@ def fabric_step(job: DataParallelJob, cluster: ClusterSpec, *, overlap: float = 
 
     Returns:
         The :class:`StepTime`; ``job.steps * step.step_s`` is the time to train;
-        ``step.all_reduce`` is the estimate (``step.validated``: whether published rows back
-        its regime).
+        ``step.all_reduce`` is the estimate (``step.validated``: whether published rows validate
+        it).
 
     Raises:
         ValueError: if ``job`` or ``cluster`` is of the wrong type, or a rate is not positive.

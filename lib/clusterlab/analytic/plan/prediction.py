@@ -82,7 +82,7 @@ class Plan:
     cp_comm_s: float = 0.0
     #: cluster_collective's estimates of one data-parallel all-reduce (the gradients, before
     #: ZeRO-3's factor, contention and overlap) and of one tensor-parallel all-reduce; None
-    #: where there is none. Their ``validated`` flags say whether published rows back them.
+    #: where there is none. Their ``validation`` says how far published rows back them.
     dp_estimate: costmodel.CollectiveEstimate | None = field(default=None, compare=False)
     tp_estimate: costmodel.CollectiveEstimate | None = field(default=None, compare=False)
     #: one context-parallel K/V all-gather's estimate (None without cp)
@@ -196,11 +196,11 @@ class Plan:
 def dp_all_reduce(nbytes: float, local: int, nodes: int,
                   cluster: ClusterSpec) -> costmodel.CollectiveEstimate | None:
     """:func:`clusterlab.analytic.costmodel.cluster_collective`'s estimate of the data-parallel
-    all-reduce (see :func:`dp_all_reduce_s`), with its regime and ``validated`` flag.
+    all-reduce (see :func:`dp_all_reduce_s`), with its regime and ``validation`` level.
 
     Returns:
         The estimate; None for a group of one GPU. Without a NIC name (``cluster.nic``) the
-        fabric is unknown and the estimate is marked unvalidated.
+        fabric is unknown and the estimate is marked untested.
     """
     if local * nodes == 1:
         return None

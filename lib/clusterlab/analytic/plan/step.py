@@ -31,9 +31,9 @@ class StepTime:
         peak_flops_per_device: each device's peak FLOP/s.
         all_reduce: the gradient all-reduce's
         :class:`clusterlab.analytic.costmodel.CollectiveEstimate`
-            when :func:`clusterlab.analytic.plan.fabric_step` priced it (its ``validated`` flag says
-            whether published rows back that regime, ``nccl_release`` which NCCL's rules priced
-            it); None when the caller gave the time.
+            when :func:`clusterlab.analytic.plan.fabric_step` priced it (its ``validation`` says
+            how far published rows back it, ``nccl_release`` which NCCL's rules priced it);
+            None when the caller gave the time.
     """
 
     compute_s: float
@@ -45,7 +45,8 @@ class StepTime:
 
     @property
     def validated(self) -> bool | None:
-        """Whether the all-reduce's regime has published rows (None: no estimate attached)."""
+        """Whether published rows validate the all-reduce, within the tolerance on their node
+        counts (None: no estimate attached)."""
         return None if self.all_reduce is None else self.all_reduce.validated
 
     @property
