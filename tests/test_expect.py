@@ -225,7 +225,7 @@ def test_unhealthy_published_sweep_is_low_where_it_collapses(capsys):
     big = [r for r in rows if r["size_bytes"] >= 64 * 2**20]
     assert len(big) == 4
     # 3 nodes lie below the 4-12 nodes of this regime's rows: extrapolated, and said so.
-    assert all(r["verdict"].startswith("low (extrapolated: the published rows span 4-")
+    assert all(r["verdict"].startswith("low (extrapolated: the published rows span 4-8 nodes")
                and r["detail"] for r in big)
     assert "NCCL_IB_HCA" in big[0]["verdict"] and "GPUDirect RDMA" in big[0]["verdict"]
 

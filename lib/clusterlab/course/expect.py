@@ -477,16 +477,9 @@ def _not_validated(estimate: costmodel.CollectiveEstimate) -> str:
     """Why an expectation in a regime with enough rows is still not validated."""
     summary = costmodel.regime_summaries()[estimate.regime]
     if estimate.validation == "extrapolated":
-        return f"extrapolated: the published rows span {_node_span(summary)} nodes"
+        return f"extrapolated: the published rows span {summary.row_span()}"
     return (f"tested, not validated: median error {100 * summary.median_abs:.0f}% "
             f"(tolerance {100 * costmodel.TOLERANCE:.0f}%)")
-
-
-def _node_span(summary: costmodel.RegimeError) -> str:
-    """The node counts of a regime's rows: ``"4-12"``, or ``"2"`` where they agree."""
-    if summary.fewest_nodes == summary.most_nodes:
-        return str(summary.fewest_nodes)
-    return f"{summary.fewest_nodes}-{summary.most_nodes}"
 
 
 def _regime_info(where: costmodel.Regime, validation: str) -> dict:
@@ -496,7 +489,7 @@ def _regime_info(where: costmodel.Regime, validation: str) -> dict:
     summary = costmodel.regime_summaries().get(where)
     return {"regime": str(where), "rows": len(errors), "validation": validation,
             "validated": validation == "validated",
-            "row_nodes": None if summary is None else _node_span(summary),
+            "row_span": None if summary is None else summary.row_span(),
             "median_abs_error": round(statistics.median(abs(e) for e in errors), 4)
             if errors else None,
             "lowest_error": round(min(errors), 4) if errors else None,
@@ -589,8 +582,8 @@ def verdicts(op: str, sizes, cluster: hardware.ClusterSpec, *, fabric: str | Non
 
 def regimes(rows: list[dict]) -> list[dict]:
     """The distinct regimes of :func:`verdicts`' rows, in size order: ``regime``, ``rows``,
-    ``validation`` and ``validated`` (as in the rows), ``row_nodes`` (the node counts of its
-    published rows, ``"4-12"``; None without rows), ``median_abs_error``, ``lowest_error``
+    ``validation`` and ``validated`` (as in the rows), ``row_span`` (where its published rows
+    were measured, ``"4-12 nodes of up to 8 GPUs"``; None without rows), ``median_abs_error``, ``lowest_error``
     and ``highest_error`` (the model's error over that regime's published test rows,
     ``(model - published) / published``; None without rows) and ``smallest_caught_loss``
     (:func:`clusterlab.analytic.costmodel.smallest_caught_loss`; None with too few rows for a
@@ -615,7 +608,7 @@ def band_text(info: dict) -> str:
              f"cannot detect a {100 * LOSS_TO_CATCH:.0f}% loss, only one over "
              f"{100 * caught:.0f}%")
     level = {"validated": "VALIDATED", "tested": "TESTED, NOT VALIDATED",
-             "extrapolated": f"EXTRAPOLATED (rows on {info['row_nodes']} nodes)"
+             "extrapolated": f"EXTRAPOLATED (rows on {info['row_span']})"
              }[info["validation"]]
     return (f"{info['regime']}: {level}: {info['rows']} published rows, model error "
             f"{100 * info['lowest_error']:+.1f}..{100 * info['highest_error']:+.1f}% (median "

@@ -54,7 +54,7 @@ def cluster_collective(op: ClusterOp, nbytes: float, cluster: hardware.ClusterSp
     The errors per regime against published rows (:func:`validation_by_regime`) set the band
     (``UNVALIDATED_BAND`` with fewer than ``MIN_VALIDATION_ROWS`` rows) and the estimate's
     ``validation``: "validated" only where the regime's median |error| is within ``TOLERANCE``
-    and its rows span the estimate's node count.
+    and its rows span the estimate's node count and node size ("extrapolated" where not).
     A run whose switches reduce (CollNet, or NVLS across nodes, with ``sharp=True``) lies in
     its own regime, e.g. "2 nodes, InfiniBand + SHARP, all_reduce, >= 1 GiB": rows without
     SHARP do not validate it.
@@ -90,7 +90,7 @@ def _with_regime_band(estimate: CollectiveEstimate, spec: hardware.ClusterSpec,
                       fabric: FabricKind | None) -> CollectiveEstimate:
     """The estimate with its validation regime and the band its published rows set."""
     where = _model.cluster_regime(estimate, spec, fabric)
-    return validation.with_band(estimate, where, _model.nccl_nodes(spec).n_nodes)
+    return validation.with_band(estimate, where, _model.nccl_nodes(spec))
 
 
 def all_reduce_time(nbytes: float, cluster: hardware.ClusterSpec) -> float:

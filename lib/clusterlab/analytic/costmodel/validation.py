@@ -36,8 +36,20 @@ UNVALIDATED_BAND = 0.5
 #: How far published rows back an estimate, best first (:attr:`CollectiveEstimate.validation`):
 #: "validated": at least ``MIN_VALIDATION_ROWS`` test rows in its regime, median |error| at most
 #: ``TOLERANCE``, and its node count inside theirs; "tested": rows, but too few or a larger
-#: error; "extrapolated": a regime with rows, at a node count beyond them; "untested": no rows.
+#: error; "extrapolated": a regime with rows, at a node count beyond them (or more GPUs per
+#: node than any of them); "untested": no rows.
 VALIDATION_LEVELS = ("validated", "tested", "extrapolated", "untested")
+
+
+def is_validated(errors: Sequence[float]) -> bool:
+    """The course's rule for any group of test errors, ``(model - published) / published``:
+    validated with at least ``MIN_VALIDATION_ROWS`` of them and a median |error| within
+    ``TOLERANCE``."""
+    return _within_tolerance(len(errors), float(np.median(np.abs(errors))) if errors else 0.0)
+
+
+def _within_tolerance(rows: int, median_abs: float) -> bool:
+    return rows >= MIN_VALIDATION_ROWS and median_abs <= TOLERANCE
 
 
 def smallest_caught_loss(errors: Sequence[float]) -> float:
@@ -59,14 +71,16 @@ def smallest_caught_loss(errors: Sequence[float]) -> float:
     return 1 - (1 - BAND_MARGIN) * (1 + min(errors)) / (1 + max(errors))
 
 
-def with_band(estimate: CollectiveEstimate, where: Regime, nccl_nodes: int) -> CollectiveEstimate:
+def with_band(estimate: CollectiveEstimate, where: Regime,
+              view: hardware.ClusterSpec) -> CollectiveEstimate:
     """The estimate with its regime, its validation level and the band the regime's rows set.
 
     Args:
         estimate: the model's estimate.
         where: its regime.
-        nccl_nodes: its node count as NCCL counts nodes (one per NVLink domain), to compare
-            with the node counts of the regime's rows.
+        view: its cluster as NCCL counts nodes (one per NVLink domain,
+            :func:`~clusterlab.analytic.costmodel._model.nccl_nodes`), to compare with the
+            node counts and node sizes of the regime's rows.
     """
     summary = regime_summaries().get(where)
     errors = regime_errors().get(where, ())
@@ -74,7 +88,8 @@ def with_band(estimate: CollectiveEstimate, where: Regime, nccl_nodes: int) -> C
         low = estimate.busbw / (1 + max(errors)) * (1 - BAND_MARGIN)
     else:
         low = estimate.busbw * (1 - UNVALIDATED_BAND)
-    level = "untested" if summary is None else summary.level_at(nccl_nodes)
+    level = ("untested" if summary is None
+             else summary.level_at(view.n_nodes, view.gpus_per_node))
     return replace(estimate, low_busbw=low, regime=where, validation=level)
 
 
@@ -97,6 +112,7 @@ class ValidationRow:
     nccl_version: str | None
     published_algorithm: str
     nccl_nodes: int
+    nccl_gpus_per_node: int
 
     @property
     def error(self) -> float:
@@ -115,6 +131,7 @@ def _row_cluster(row: nccl_tests.PublishedRow) -> hardware.ClusterSpec:
 
 def _model_row(row: nccl_tests.PublishedRow) -> ValidationRow:
     cluster = _row_cluster(row)
+    view = _model.nccl_nodes(cluster)
     estimate = _model.estimate(row.op, row.size_bytes, cluster, algorithm=row.algorithm)
     return ValidationRow(system=row.system, op=row.op, size_bytes=row.size_bytes,
                          published_gbps=row.busbw_gbps, model_gbps=estimate.busbw / 1e9,
@@ -122,7 +139,7 @@ def _model_row(row: nccl_tests.PublishedRow) -> ValidationRow:
                          regime=_model.cluster_regime(estimate, cluster, row.fabric),
                          provenance=row.provenance, nccl_version=row.nccl_version,
                          published_algorithm=row.algorithm,
-                         nccl_nodes=_model.nccl_nodes(cluster).n_nodes)
+                         nccl_nodes=view.n_nodes, nccl_gpus_per_node=view.gpus_per_node)
 
 
 def nccl_validation_table(role: str | None = "test") -> list[ValidationRow]:
@@ -152,18 +169,27 @@ class RegimeError:
     sources: int             # distinct sources (URLs) among the rows
     fewest_nodes: int        # the rows' node counts, as NCCL counts nodes (one per NVLink
     most_nodes: int          # domain): beyond them an estimate is extrapolated
+    most_gpus_per_node: int  # the largest node (NVLink domain) among the rows
 
     @property
     def validated(self) -> bool:
         """At least ``MIN_VALIDATION_ROWS`` rows and a median |error| within ``TOLERANCE``."""
-        return self.rows >= MIN_VALIDATION_ROWS and self.median_abs <= TOLERANCE
+        return _within_tolerance(self.rows, self.median_abs)
 
-    def level_at(self, nccl_nodes: int) -> str:
+    def level_at(self, nccl_nodes: int, gpus_per_node: int) -> str:
         """The validation level (:data:`VALIDATION_LEVELS`) of an estimate in this regime on
-        ``nccl_nodes`` nodes."""
-        if not self.fewest_nodes <= nccl_nodes <= self.most_nodes:
+        ``nccl_nodes`` nodes (NVLink domains) of ``gpus_per_node`` GPUs."""
+        if (not self.fewest_nodes <= nccl_nodes <= self.most_nodes
+                or gpus_per_node > self.most_gpus_per_node):
             return "extrapolated"
         return "validated" if self.validated else "tested"
+
+    def row_span(self) -> str:
+        """Where the rows were measured, as NCCL counts nodes: ``"4-12 nodes of up to 8 GPUs"``."""
+        nodes = (f"{self.fewest_nodes}" if self.fewest_nodes == self.most_nodes
+                 else f"{self.fewest_nodes}-{self.most_nodes}")
+        return (f"{nodes} node{'s' * (self.most_nodes > 1)} of up to {self.most_gpus_per_node} "
+                "GPUs")
 
     def verdict(self) -> str:
         """The regime's validation in words: ``"validated: median 2.4%, -28.8% to +5.6%"`` or
@@ -193,7 +219,9 @@ def validation_by_regime(rows: Sequence[ValidationRow] | None = None) -> list[Re
                                median_abs=float(np.median(np.abs(errors))), lowest=min(errors),
                                highest=max(errors),
                                sources=len({r.source.split(" ")[0] for r in groups[where]}),
-                               fewest_nodes=min(nodes), most_nodes=max(nodes)))
+                               fewest_nodes=min(nodes), most_nodes=max(nodes),
+                               most_gpus_per_node=max(r.nccl_gpus_per_node
+                                                      for r in groups[where])))
     return out
 
 

@@ -401,8 +401,7 @@ def _validation_words(estimate: costmodel.CollectiveEstimate) -> str:
     if estimate.validation == "untested" or summary is None:
         return "untested (no published rows back it)"
     if estimate.validation == "extrapolated":
-        return (f"extrapolated (published rows on {summary.fewest_nodes}-{summary.most_nodes} "
-                "nodes only)")
+        return f"extrapolated (published rows on {summary.row_span()} only)"
     return f"{summary.verdict()} over {summary.rows} published rows"
 
 
