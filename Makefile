@@ -39,10 +39,12 @@ serve: book
 	$(BIN)/python -m http.server --directory _build/html --bind 127.0.0.1 8000
 
 ## student: student copies of the labs in student/ (solutions and outputs removed; the keys in
-## keys/ are not copied, and no check in a copy carries its expected value). A copy already
-## there is your work and is kept (python -m clusterlab.course.student --replace overwrites).
+## keys/ are not copied, and no check in a copy carries its expected value), and one
+## chapter-NN-exercises.ipynb per chapter, whose cells answer its exercises with check.answer.
+## A copy already there is your work and is kept (python -m clusterlab.course.student --replace
+## overwrites).
 student: $(STUDENT_READY)
-	$(BIN)/python -m clusterlab.course.student --labs labs --out student
+	$(BIN)/python -m clusterlab.course.student --labs labs --chapters chapters --out student
 
 ## lab: Jupyter Lab on the student copies (made first if missing); as root it passes
 ## --allow-root, which Jupyter otherwise refuses

@@ -15,7 +15,8 @@ from collections.abc import Iterator
 
 import numpy as np
 
-EXERCISE_ID = re.compile(r"^lab(\d\d)\.(\d+)$")
+# a lab's exercises are labNN.K; a chapter's chNN.K (ch04b.K for chapter 04b)
+EXERCISE_ID = re.compile(r"^(lab\d\d|ch\d\d[a-z]?)\.(\d+)$")
 _NO_ANSWER = "no answer yet; replace the ... with your value."
 
 # The answers recorded in this process (a notebook's kernel), by exercise id; the grader reads
@@ -93,11 +94,11 @@ def record(exercise_id: str, value) -> None:
     """Record ``value`` as the answer to ``exercise_id`` in this process.
 
     Raises:
-        ValueError: when ``exercise_id`` is not of the form ``labNN.K``.
+        ValueError: when ``exercise_id`` is neither ``labNN.K`` nor ``chNN.K``.
     """
     if not isinstance(exercise_id, str) or not EXERCISE_ID.match(exercise_id):
-        raise ValueError(f"Exercise ids look like 'lab01.2' (lab 01, exercise 2); got "
-                         f"{exercise_id!r}.")
+        raise ValueError(f"Exercise ids look like 'lab01.2' (lab 01, exercise 2) or 'ch04b.1' "
+                         f"(chapter 04b, exercise 1); got {exercise_id!r}.")
     _RECORDED[exercise_id] = value
 
 

@@ -41,10 +41,13 @@ from clusterlab.course.verification import (  # noqa: F401
 
 
 def answer(exercise_id: str, value) -> None:
-    """Record a lab exercise's answer and, where the instructor's key is found, judge it.
+    """Record a lab's or a chapter's exercise answer and, where the instructor's key is found,
+    judge it.
 
     Args:
-        exercise_id: ``"labNN.K"``, the K-th exercise of lab NN (as the key names it).
+        exercise_id: ``"labNN.K"``, the K-th exercise of lab NN, or ``"chNN.K"``, the K-th
+            exercise of chapter NN (``"ch04b.1"`` for chapter 04b), as the key names it
+            (``keys/labNN.py``, ``keys/chNN.py``).
         value: the answer: a number, a tuple, an array, or for a code exercise the function
             the student wrote.
 
@@ -53,8 +56,8 @@ def answer(exercise_id: str, value) -> None:
     (``...``), that there is no answer yet.
 
     Raises:
-        ValueError: when ``exercise_id`` is not of the form ``labNN.K``, or the key has no such
-            exercise.
+        ValueError: when ``exercise_id`` is neither ``labNN.K`` nor ``chNN.K``, or the key has no
+            such exercise.
     """
     answers.record(exercise_id, value)
     key = grading.find_key(exercise_id)

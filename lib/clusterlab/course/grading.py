@@ -88,7 +88,8 @@ from clusterlab.device import hlo
 
 KEYS_ENV = "CLUSTERLAB_KEYS"
 SEED_ENV = "CLUSTERLAB_GRADING_SEED"
-_KEY_FILE = re.compile(r"^lab(\d\d)\.py$")
+# a lab's key, labNN.py, or a chapter's, chNN.py (ch04b.py)
+_KEY_FILE = re.compile(r"^(lab\d\d|ch\d\d[a-z]?)\.py$")
 _LAB_IN_NAME = re.compile(r"(?:^|[^0-9])(\d\d)-")
 # custom calls a shard_map or a sharding constraint lowers to; any other target in a submitted
 # program (a host callback, a registered FFI handler) would run code of its choosing here
@@ -429,16 +430,17 @@ _LOADED: dict[tuple[Path, float], dict[str, Exercise]] = {}
 
 
 def load_key(path: str | Path) -> dict[str, Exercise]:
-    """Load a key module ``labNN.py`` and return its ``KEY``.
+    """Load a key module ``labNN.py`` (or a chapter's, ``chNN.py``) and return its ``KEY``.
 
     Raises:
-        ValueError: when the file is not named ``labNN.py``, has no ``KEY`` dictionary of
-            :class:`Exercise`, or names an exercise of another lab.
+        ValueError: when the file is not named ``labNN.py`` or ``chNN.py``, has no ``KEY``
+            dictionary of :class:`Exercise`, or names an exercise of another lab or chapter.
     """
     path = Path(path).resolve()
     match = _KEY_FILE.match(path.name)
     if not match:
-        raise ValueError(f"A key file is named labNN.py (lab01.py); got {path.name}.")
+        raise ValueError(f"A key file is named labNN.py (lab01.py) or chNN.py (ch04b.py); got "
+                         f"{path.name}.")
     stamp = (path, path.stat().st_mtime)
     if stamp not in _LOADED:
         spec = importlib.util.spec_from_file_location(f"clusterlab_key_{path.stem}", path)
@@ -448,16 +450,17 @@ def load_key(path: str | Path) -> dict[str, Exercise]:
         if not isinstance(key, dict) or not all(isinstance(e, Exercise) for e in key.values()):
             raise ValueError(f"{path.name} must define KEY, a dict from exercise id to "
                              "clusterlab.course.grading.Exercise.")
-        wrong = [i for i in key if not re.fullmatch(rf"lab{match.group(1)}\.\d+", i)]
+        wrong = [i for i in key if not re.fullmatch(rf"{match.group(1)}\.\d+", i)]
         if wrong:
             raise ValueError(f"{path.name} holds exercises of another lab or badly named ids: "
-                             f"{wrong}; ids look like lab{match.group(1)}.1.")
+                             f"{wrong}; ids look like {match.group(1)}.1.")
         _LOADED[stamp] = key
     return _LOADED[stamp]
 
 
 def find_key(exercise_id: str) -> dict[str, Exercise] | None:
-    """The key of ``exercise_id``'s lab, or None where no key is found (a student copy)."""
+    """The key of ``exercise_id``'s lab or chapter (``keys/lab01.py``, ``keys/ch04b.py``), or
+    None where no key is found (a student copy)."""
     folder = keys_dir()
     lab = exercise_id.split(".")[0]
     if folder is None or not (folder / f"{lab}.py").is_file():
