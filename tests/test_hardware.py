@@ -104,7 +104,10 @@ def test_derived_gpu_figures_follow_their_sources():
     assert hardware.gpu("H100").bf16_flops == pytest.approx(1979e12 / 2, rel=1e-3)
     # DGX B200 datasheet, divided over its 8 GPUs; 72 PFLOPS FP8 sparse -> /2 dense -> /2 BF16.
     b200 = hardware.gpu("B200")
-    assert b200.memory_bytes == pytest.approx(1440e9 / 8)
+    assert b200.marketed_memory_bytes == pytest.approx(1440e9 / 8)
+    # nvidia-smi: 183,359 MiB (TensorRT-LLM#10278); H200 143,771 MiB (Belotti, Modal)
+    assert b200.memory_bytes == 183359 * 2**20
+    assert hardware.gpu("H200").memory_bytes == 143771 * 2**20
     assert b200.hbm_bytes_per_s == pytest.approx(64e12 / 8)
     assert b200.bf16_flops == pytest.approx(72e15 / 8 / 2 / 2)
 

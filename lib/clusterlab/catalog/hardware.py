@@ -87,20 +87,22 @@ GPUS: dict[str, GPU] = {
                    "memory: 80 GB as marketed, 81,559 MiB as nvidia-smi reports each 'H100 80GB "
                    "HBM3' [nccl_issue1264]; 132 SMs (SXM5) [nvidia_hopper_whitepaper]",
             fp8_flops=1979e12, tdp_w=700.0, sm_count=132),
-        GPU("H200", memory_bytes=141e9, marketed_memory_bytes=141e9,
+        GPU("H200", memory_bytes=143771 * 2**20, marketed_memory_bytes=141e9,
             hbm_bytes_per_s=4.8e12, bf16_flops=989e12,
             nvlink_bytes_per_s=450e9, nvlink_generation=4,
             source="NVIDIA H200 datasheet (SXM; 3,958 TFLOPS FP8 with sparsity, half dense; max "
                    "TDP up to 700 W) [nvidia_h200_datasheet]; memory: 141 GB as marketed, "
-                   "no nvidia-smi total of the H200 found to cite",
+                   "143,771 MiB as nvidia-smi reports it [modal_gpu_memory_capacity]",
             fp8_flops=1979e12, tdp_w=700.0),
-        GPU("B200", memory_bytes=180e9, hbm_bytes_per_s=8e12, bf16_flops=2.25e15,
+        GPU("B200", memory_bytes=183359 * 2**20, marketed_memory_bytes=180e9,
+            hbm_bytes_per_s=8e12, bf16_flops=2.25e15,
             nvlink_bytes_per_s=900e9, nvlink_generation=5,
             source="NVIDIA DGX B200 datasheet: 1,440 GB, 64 TB/s HBM3e and 72 PFLOPS FP8 "
                    "(sparse) for 8 GPUs, so 180 GB, 8 TB/s, 4.5 PFLOPS dense FP8 and 2.25 PFLOPS "
                    "dense BF16 each [nvidia_dgx_b200_datasheet]; TGP 1,000 W as NVIDIA's "
                    "partners declare it in MLPerf system descriptions [mlperf_inference_b200]; "
-                   "memory: the marketed 180 GB, no nvidia-smi total found to cite",
+                   "memory: 180 GB as marketed, 183,359 MiB as nvidia-smi reports it "
+                   "[trtllm_issue10278]",
             fp8_flops=4.5e15, tdp_w=1000.0),
         GPU("GB200", memory_bytes=13.4e12 / 72, hbm_bytes_per_s=576e12 / 72,
             bf16_flops=360e15 / 72 / 2, nvlink_bytes_per_s=900e9, nvlink_generation=5,
