@@ -58,7 +58,7 @@ def test_flash_keeps_the_scores_off_hbm():
     assert fused[("qkv", "forward")] == unfused[("qkv", "forward")]
 
 
-@pytest.mark.parametrize("recompute", ["flash", "none", "selective", "full"])
+@pytest.mark.parametrize("recompute", gemm.RECOMPUTE_POLICIES)
 @pytest.mark.parametrize("n_params, n_layers, d_model, tp", [
     (12 * 48 * 6144**2, 48, 6144, 8),   # Korthikanti's 22B, MLP 4d
     (405e9, 126, 16384, 8),             # Llama 3 405B: its MLP width from N

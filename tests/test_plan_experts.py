@@ -69,9 +69,12 @@ c = plan.cluster("H100", 512, storage_read_bytes_per_s=1e12)
 layouts = [[getattr(plan.predict(replace(w, recompute=policy), c, plan.Layout(**kwargs),
                                  no_overlap()), f)
             for f in fields] for kwargs, policy in json.loads(sys.argv[1])]
+# the four policies both planners price (the old one's space reads today's gemm policies)
 found = search_layouts(w, c, no_overlap(),
                        space=SearchSpace(micro_batches=(1, 2), virtual_stages=(1, 2),
-                                         zero_stages=(0, 1)), limit=8)
+                                         zero_stages=(0, 1),
+                                         recompute=("flash", "none", "selective", "full")),
+                       limit=8)
 search = [found.n_candidates, [[str(p.layout), p.workload.recompute_policy, p.step_s]
                                for p in found.plans]]
 import clusterlab.analytic.plan.workload as workload
@@ -107,7 +110,8 @@ def test_ep_1_prices_every_dense_model_exactly_as_the_planner_before_experts(tmp
         assert p.ep_comm_s == 0.0 and p.ep_estimate is None
         assert plan.EP_TERM not in p.breakdown()
     # ZeRO 0 and 1, whose collectives both planners run once a step
-    space = SearchSpace(micro_batches=(1, 2), virtual_stages=(1, 2), zero_stages=(0, 1))
+    space = SearchSpace(micro_batches=(1, 2), virtual_stages=(1, 2), zero_stages=(0, 1),
+                        recompute=("flash", "none", "selective", "full"))
     assert space.ep == (1,) and SearchSpace().ep == (1,)
     for searched in (space, replace(space, ep=(1,))):
         found = search_layouts(W70, _cluster(512), NO_OVERLAP, space=searched, limit=8)

@@ -9,7 +9,6 @@ from dataclasses import replace
 import pytest
 
 from clusterlab.analytic import plan
-from clusterlab.analytic.plan.workload import RECOMPUTE_POLICIES
 from clusterlab.course import cli as cli
 
 # A 7B model (32 layers) on two nodes: small enough to predict every layout by brute force.
@@ -35,7 +34,7 @@ def test_every_ranked_plan_obeys_the_rules_and_the_space_is_explored():
     # each dimension of the space is reached, so a search that dropped one would fail here
     assert {p.layout.micro_batch for p in plans} == {1, 2, 4, 8}
     assert {p.layout.virtual_stages for p in plans} == {1, 2, 4}
-    assert {p.workload.recompute_policy for p in plans} == set(RECOMPUTE_POLICIES)
+    assert {p.workload.recompute_policy for p in plans} == set(plan.SearchSpace().recompute)
     assert {p.layout.zero_stage for p in plans} == {0, 1, 2, 3}
     assert any(p.layout.virtual_stages > 1 and p.layout.pp > 1 for p in plans)
 
@@ -72,7 +71,7 @@ def test_the_best_plan_is_no_slower_than_any_fitting_layout_by_brute_force():
     fitting = []
     for dp, tp, pp, zero, mbs, v, policy in itertools.product(
             (1, 2, 4, 8, 16), (1, 2, 4, 8), (1, 2, 4, 8, 16), range(4), (1, 2, 4, 8), (1, 2, 4),
-            RECOMPUTE_POLICIES):
+            plan.SearchSpace().recompute):     # the default space: "flash_full" is opt-in
         if dp * tp * pp != 16:
             continue
         layout = plan.Layout(dp=dp, tp=tp, pp=pp, zero_stage=zero, micro_batch=mbs,

@@ -31,6 +31,10 @@ References:
     Transformer Models", MLSys 2023 (the layer's activations, selective recomputation).
     [narayanan2021] Narayanan et al., "Efficient Large-Scale Language Model Training on GPU
     Clusters Using Megatron-LM", SC 2021 (the output layer's FLOPs, ``6 B s h V``).
+    [dao2023] Dao, "FlashAttention-2: Faster Attention with Better Parallelism and Work
+    Partitioning", ICLR 2024, arXiv:2307.08691 (the fused attention kernel: the ``s x s`` scores
+    stay on chip, its backward recomputes them from the softmax's row statistics; not yet in the
+    course's references.bib).
 """
 
 from __future__ import annotations
@@ -66,9 +70,20 @@ UNMEASURED_CEILING = min(MAMF_FRACTION.values())
 #: recomputes them inside its backward kernel (the FLOPs of the model only; the planner's
 #: default); ``"none"``: every activation stored, the attention scores too, nothing recomputed;
 #: ``"selective"``: Megatron's selective recomputation, scores and softmax dropped and
-#: recomputed; ``"full"``: only each layer's input kept, one more forward of everything.
-Recompute = Literal["flash", "none", "selective", "full"]
-RECOMPUTE_POLICIES: tuple[Recompute, ...] = ("flash", "none", "selective", "full")
+#: recomputed; ``"full"``: only each layer's input kept, one more forward of everything, its
+#: attention unfused (the ``s x s`` scores through HBM again); ``"flash_full"``: full
+#: recomputation with FlashAttention, what long-context runs use: each layer's input kept, the
+#: whole forward run once more (4/3 of the model's GEMM FLOPs [korthikanti2022]), attention
+#: fused as with "flash" in the recomputed forward and the backward [dao2023], so no ``s x s``
+#: tensor is stored or written to HBM.
+Recompute = Literal["flash", "none", "selective", "full", "flash_full"]
+RECOMPUTE_POLICIES: tuple[Recompute, ...] = ("flash", "none", "selective", "full", "flash_full")
+#: The policies whose attention is one fused kernel (its scores on chip, softmax and dropout in
+#: it) [dao2023].
+FUSED_ATTENTION: tuple[Recompute, ...] = ("flash", "flash_full")
+#: The policies that keep only each layer's input and run its whole forward again in the
+#: backward pass (Korthikanti et al. 2022, section 4 [korthikanti2022]).
+FULL_RECOMPUTE: tuple[Recompute, ...] = ("full", "flash_full")
 
 Pass = Literal["forward", "dgrad", "wgrad", "recompute"]
 Operand = Literal["a", "b", "c"]
@@ -167,8 +182,9 @@ def _recompute_policy(recompute: str) -> str:
 
 
 def _recomputed(ops: list, recompute: str, attention: set[str]) -> list:
-    """The forward ops run again: all of them ("full"), attention's score ops ("selective")."""
-    again = [op for op in ops if recompute == "full"
+    """The forward ops run again: all of them (:data:`FULL_RECOMPUTE`), attention's score ops
+    ("selective")."""
+    again = [op for op in ops if recompute in FULL_RECOMPUTE
              or (recompute == "selective" and op.name in attention)]
     return [type(op)(**(vars(op) | {"pass_": "recompute"})) for op in again]
 
@@ -195,9 +211,11 @@ def transformer_layer_gemms(seq_len: int, micro_batch: int, d_model: int, n_head
     for each of ``b a / t`` heads, ``output_projection`` ``(T x d/t) @ (d/t x d)``, ``mlp_up``
     ``(T x d) @ (d x f/t)``, ``mlp_down`` ``(T x f/t) @ (f/t x d)``; each with its dgrad and
     wgrad (the forward's FLOPs each), and the forwards recomputed: none ("flash", "none"),
-    the two attention GEMMs ("selective"), all six ("full"). With "flash" the two attention
-    GEMMs are one fused kernel whose ``s x s`` scores stay on chip; its backward's own
-    recomputation of the scores is not counted (the planner counts the model's FLOPs only).
+    the two attention GEMMs ("selective"), all six ("full", "flash_full": Korthikanti et al.'s
+    full recomputation, 4/3 of the forward and backward's FLOPs [korthikanti2022]). With
+    "flash" and "flash_full" the two attention GEMMs are one fused kernel whose ``s x s`` scores
+    stay on chip [dao2023], in every pass; its backward's own recomputation of the scores is
+    not counted (the planner counts the model's FLOPs only).
 
     Their FLOPs per token are ``(24 d^2 + 4 s d + 4 d (f - 4d)) / t`` forward, times 3 with the
     backward: ``Workload.hardware_flops_per_token / (L t)`` for ``f = N/(2 L d) - 2 d``.
@@ -207,7 +225,7 @@ def transformer_layer_gemms(seq_len: int, micro_batch: int, d_model: int, n_head
         ffn_hidden: f; None: ``4 d``.
         tensor_parallel: t (Megatron needs it to divide ``n_heads``; here a GPU's share of
             heads may be fractional, an average).
-        recompute: "flash", "none", "selective" or "full".
+        recompute: one of :data:`RECOMPUTE_POLICIES`.
 
     Returns:
         The GEMMs, forward first.
@@ -215,7 +233,7 @@ def transformer_layer_gemms(seq_len: int, micro_batch: int, d_model: int, n_head
     s, b, d, a, t, f, recompute = _layer_shape(seq_len, micro_batch, d_model, n_heads,
                                                ffn_hidden, tensor_parallel, recompute)
     tokens, head_dim, heads = b * s, d / a, b * a / t
-    fused = recompute == "flash"
+    fused = recompute in FUSED_ATTENTION
     forward = [
         Gemm("qkv", tokens, 3 * d / t, d),
         Gemm("scores", s, s, head_dim, heads, on_chip=("c",) if fused else ()),
@@ -239,13 +257,14 @@ def transformer_layer_elementwise(seq_len: int, micro_batch: int, d_model: int, 
 
     Forward: two LayerNorms (read and write ``sbh``: 4 ``sbh`` bytes each), two dropouts with
     their residual add (read x and the residual, write the sum and a mask: 7), GeLU on the
-    ``s b f`` MLP activations (read and write: 4 ``sbf``), and unless "flash" fuses them into
-    the attention kernel, the softmax (4 bytes a score) and the attention dropout (5) on the
-    ``b a s^2`` scores. Backward: each reads the output's gradient and what it saved and writes
+    ``s b f`` MLP activations (read and write: 4 ``sbf``), and unless a fused policy
+    (:data:`FUSED_ATTENTION`) runs them inside the attention kernel, the softmax (4 bytes a
+    score) and the attention dropout (5) on the ``b a s^2`` scores. Backward: each reads the output's gradient and what it saved and writes
     the input's gradient: LayerNorm 6 ``sbh``, dropout and residual 5, GeLU 6 ``sbf``, softmax
     6 and dropout 5 a score. LayerNorm and dropout-residual are replicated on the ``t`` GPUs
     unless ``sequence_parallel`` splits them; the rest is split ``t`` ways. Recomputation runs
-    the forward kernels again: all ("full") or the score ones ("selective").
+    the forward kernels again: all ("full"; "flash_full": all of "flash"'s, no score kernels)
+    or the score ones ("selective").
 
     Args: as :func:`transformer_layer_gemms`, and ``sequence_parallel``.
 
@@ -264,7 +283,7 @@ def transformer_layer_elementwise(seq_len: int, micro_batch: int, d_model: int, 
     backward = [Elementwise("layernorm", 2 * 3 * v * sbh, "dgrad"),
                 Elementwise("dropout_residual", 2 * (2 * v + mask) * sbh, "dgrad"),
                 Elementwise("gelu", 3 * v * sbf, "dgrad")]
-    if recompute != "flash":
+    if recompute not in FUSED_ATTENTION:
         forward += [Elementwise("softmax", 2 * v * scores),
                     Elementwise("attention_dropout", (2 * v + mask) * scores)]
         backward += [Elementwise("softmax", 3 * v * scores, "dgrad"),

@@ -35,6 +35,7 @@ import math
 
 from clusterlab import _checks
 from clusterlab._checks import positive as _check_positive
+from clusterlab.analytic import gemm
 
 ZERO_STAGES = (0, 1, 2, 3)
 
@@ -136,6 +137,9 @@ def checkpoint_bytes(n_params: float, *, bytes_param: float = 2,
     return float(n_params * (bytes_param + optimizer_bytes_per_param))
 
 
+#: The policies of the course's fp32 block (:func:`transformer_block_activation_bytes`); a
+#: layer (:func:`transformer_layer_activation_bytes`) takes every one of
+#: :data:`clusterlab.analytic.gemm.RECOMPUTE_POLICIES`, the FlashAttention ones too.
 ACTIVATION_RECOMPUTE = ("none", "selective", "full")
 
 
@@ -157,10 +161,16 @@ def transformer_layer_activation_bytes(seq_len: int, micro_batch: int, hidden: i
     * with sequence parallelism too: ``s b h (34/t + 5 a s / (h t))``, everything split ``t`` ways;
     * ``recompute="selective"`` drops the ``5 a s / h`` attention term (recomputed in the
       backward pass). A FlashAttention kernel never stores the scores and recomputes them
-      blockwise in its backward pass (it keeps only ``O(s)`` softmax statistics per head), so
-      this is also the memory of a layer with FlashAttention, the default since 2022-23;
-      ``recompute="full"`` keeps only the layer's input, ``2 s b h`` (``/ t``
-      with sequence parallelism);
+      blockwise in its backward pass (it keeps only ``O(s)`` softmax statistics per head,
+      Dao 2023, FlashAttention-2, arXiv:2307.08691), so ``recompute="flash"`` keeps the
+      same bytes: the memory of a layer with FlashAttention, the default since 2022-23;
+    * ``recompute="full"`` keeps only the layer's input, ``2 s b h`` (``/ t`` with sequence
+      parallelism), Korthikanti et al.'s ``2 s b h L`` for ``L`` layers; ``"flash_full"``
+      (full recomputation with a FlashAttention kernel) keeps the same input. Neither term
+      has an ``s^2``: the bytes double when ``s`` doubles. The one layer being recomputed
+      holds its activations again during its backward, transiently; that working set is
+      not counted here (Korthikanti et al. leave it out too), although with unfused
+      attention ("full") it holds that layer's ``5 a s^2 b / t`` bytes of scores;
     * grouped-query attention (``n_kv_heads`` = ``g`` < ``a``): the stored K and V, ``2 s b h``
       bytes each of the 24 split ones, shrink to ``g / a`` of that, so the 24 become
       ``24 - 4 (1 - g / a)``.
@@ -172,7 +182,8 @@ def transformer_layer_activation_bytes(seq_len: int, micro_batch: int, hidden: i
         n_heads: a, attention heads.
         tensor_parallel: t, the tensor-parallel degree.
         sequence_parallel: whether LayerNorm and dropout are split along the sequence as well.
-        recompute: ``"none"``, ``"selective"`` or ``"full"``.
+        recompute: one of :data:`clusterlab.analytic.gemm.RECOMPUTE_POLICIES`: ``"none"``,
+            ``"selective"``, ``"full"``, ``"flash"`` or ``"flash_full"``.
         n_kv_heads: g, key/value heads (grouped-query attention); None: ``a``.
 
     Returns:
@@ -192,11 +203,13 @@ def transformer_layer_activation_bytes(seq_len: int, micro_batch: int, hidden: i
     if g > a:
         raise ValueError(f"n_kv_heads ({g}) exceeds the {a} attention heads; give at most "
                          f"n_heads (n_heads: multi-head attention).")
-    if recompute not in ACTIVATION_RECOMPUTE:
-        raise ValueError(f"recompute must be one of {ACTIVATION_RECOMPUTE}, got {recompute!r}.")
-    if recompute == "full":
+    if recompute not in gemm.RECOMPUTE_POLICIES:
+        raise ValueError(f"recompute must be one of {gemm.RECOMPUTE_POLICIES}, got "
+                         f"{recompute!r}.")
+    if recompute in gemm.FULL_RECOMPUTE:          # only the layer's input is kept
         return float(s * b * h * 2 / (t if sequence_parallel else 1))
-    attention_scores = 0.0 if recompute == "selective" else 5 * a * s / (h * t)
+    scores_kept = recompute == "none"             # "selective" and "flash" never keep them
+    attention_scores = 5 * a * s / (h * t) if scores_kept else 0.0
     split = 24 - 4 * (1 - g / a)       # K and V (2 s b h bytes each) shrink to g / a
     rest = (10 + split) / t if sequence_parallel else 10 + split / t
     return float(s * b * h * (rest + attention_scores))

@@ -289,8 +289,9 @@ def _plan_layout_options(plan: argparse.ArgumentParser) -> None:
                            "of a node)")
     plan.add_argument("--recompute", nargs="?", const="full", type=_policies,
                       help="recomputation policies to search, comma-separated among "
-                           f"{','.join(RECOMPUTE_POLICIES)} (default: all; "
-                           "--recompute alone: full)")
+                           f"{','.join(RECOMPUTE_POLICIES)} (default: "
+                           f"{','.join(_SPACE.recompute)}; flash_full, full recomputation with "
+                           "FlashAttention, on request; --recompute alone: full)")
     plan.add_argument("--micro-batches", type=_positive_ints, default=_SPACE.micro_batches,
                       help="micro-batch sizes to search, e.g. 1,2,4 (1,2,4,8)")
     plan.add_argument("--virtual-stages", type=_positive_ints, default=_SPACE.virtual_stages,
@@ -424,7 +425,7 @@ def _plan(args: argparse.Namespace) -> None:
         moe=experts, precision=args.precision)
     space = plan.SearchSpace(micro_batches=args.micro_batches,
                              virtual_stages=args.virtual_stages,
-                             recompute=args.recompute or RECOMPUTE_POLICIES,
+                             recompute=args.recompute or _SPACE.recompute,
                              zero_stages=args.zero, cp=args.context_parallel,
                              ep=args.expert_parallel, pp=args.pipeline_parallel,
                              tp=args.tensor_parallel)

@@ -409,8 +409,9 @@ def _memory(workload: Workload, layout: Layout, assumptions: Assumptions,
     pp)`` parameters a GPU holds, ZeRO-sharded over ``dp`` (FP32 gradients with
     ``fp32_grad_accumulation``). The activations are one micro-batch's of the stage's layers
     (:func:`clusterlab.analytic.memory.transformer_layer_activation_bytes`, sequence parallel when
-    tp > 1 unless the layout turns it off; the "flash" policy stores what "selective" does, the
-    scores never being stored; grouped-query attention's K and V at ``kv_heads / heads`` of
+    tp > 1 unless the layout turns it off; "flash" stores what "selective" does, the scores
+    never being stored, and "flash_full" what "full" does, each layer's input; grouped-query
+    attention's K and V at ``kv_heads / heads`` of
     multi-head attention's) times the micro-batches the schedule keeps in flight on the first
     stage (:func:`clusterlab.analytic.costmodel.pipeline_activation_microbatches`: ``min(p, m)`` for
     1F1B, ``p + (p-1)/v`` interleaved).
@@ -432,13 +433,11 @@ def _memory(workload: Workload, layout: Layout, assumptions: Assumptions,
         memory.training_memory_per_device(params, holders, layout.zero_stage,
                                           fp32_grad_accumulation=assumptions.fp32_grad_accumulation)
         for params, holders in _params_per_gpu(workload, layout))
-    policy = workload.recompute_policy
     layer_bytes = memory.transformer_layer_activation_bytes(
         workload.seq_len, layout.micro_batch, d_model, workload.heads,
         tensor_parallel=layout.tp,
         sequence_parallel=layout.sequence_parallel and layout.tp > 1,
-        recompute="selective" if policy == "flash" else policy,
-        n_kv_heads=workload.kv_heads) / layout.cp
+        recompute=workload.recompute_policy, n_kv_heads=workload.kv_heads) / layout.cp
     if layout.virtual_stages > 1:
         in_flight = costmodel.pipeline_activation_microbatches(
             layout.pp, microbatches, "interleaved", virtual_stages=layout.virtual_stages)
@@ -574,8 +573,8 @@ def _tensor_parallel(workload: Workload, cluster: ClusterSpec, layout: Layout,
     ``m (L/pp) k`` all-reduces of one micro-batch's activations over the ``tp`` GPUs of a node
     (``k`` Megatron's all-reduces per layer and micro-batch,
     :func:`clusterlab.analytic.costmodel.megatron_all_reduces_per_layer`: 4 in training, 6 with full
-    recomputation), none hidden. With context parallelism a GPU's activations are its
-    ``s / cp`` tokens'.
+    recomputation, "full" or "flash_full"), none hidden. With context parallelism a GPU's
+    activations are its ``s / cp`` tokens'.
     """
     if layout.tp == 1:
         return 0.0, None
@@ -583,9 +582,8 @@ def _tensor_parallel(workload: Workload, cluster: ClusterSpec, layout: Layout,
     # act: bf16[micro_batch, seq_len / cp, d_model], one all-reduce of a layer
     act_bytes = (layout.micro_batch * workload.seq_len * d_model * BYTES_PER_VALUE
                  / layout.cp)
-    per_layer = costmodel.megatron_all_reduces_per_layer(backward=True,
-                                                         recompute=workload.recompute_policy
-                                                         == "full")
+    per_layer = costmodel.megatron_all_reduces_per_layer(
+        backward=True, recompute=workload.recompute_policy in gemm.FULL_RECOMPUTE)
     estimate = all_reduce(act_bytes, group_of(cluster, layout.tp, 1))
     return microbatches * (n_layers / layout.pp) * per_layer * estimate.time_s, estimate
 
@@ -723,9 +721,9 @@ def cp_collectives_per_layer(recompute: str) -> tuple[int, int]:
     """(all-gathers, reduce-scatters) of K and V per layer and micro-batch under context
     parallelism: the forward's all-gather; in the backward one more all-gather (the gathered K
     and V are not kept, so activation memory stays ``1/cp``: the planner's assumption) and the
-    reduce-scatter of their gradients; full recomputation runs the forward's all-gather once
-    more."""
-    return (3 if recompute == "full" else 2), 1
+    reduce-scatter of their gradients; full recomputation (:data:`clusterlab.analytic.gemm.
+    FULL_RECOMPUTE`) runs the forward's all-gather once more."""
+    return (3 if recompute in gemm.FULL_RECOMPUTE else 2), 1
 
 
 def _context_parallel(workload: Workload, cluster: ClusterSpec, layout: Layout,
@@ -776,9 +774,9 @@ def expert_all_to_all_bytes(workload: Workload, layout: Layout) -> int:
 def ep_all_to_alls_per_layer(recompute: str) -> int:
     """All-to-alls per MoE layer and micro-batch: dispatch and combine forward, and each one's
     transpose, another all-to-all, backward (4; JAX's rule for ``jax.lax.all_to_all``, as
-    :mod:`clusterlab.device.parallel.experts` says); full recomputation runs the forward's two once
-    more (6)."""
-    return 6 if recompute == "full" else 4
+    :mod:`clusterlab.device.parallel.experts` says); full recomputation
+    (:data:`clusterlab.analytic.gemm.FULL_RECOMPUTE`) runs the forward's two once more (6)."""
+    return 6 if recompute in gemm.FULL_RECOMPUTE else 4
 
 
 def _expert_parallel(workload: Workload, cluster: ClusterSpec, layout: Layout,

@@ -41,6 +41,15 @@ def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
+#: The policies :class:`SearchSpace` tries unless told: every one of
+#: :data:`clusterlab.analytic.gemm.RECOMPUTE_POLICIES` but "flash_full", which is opt-in
+#: (``SearchSpace(recompute=RECOMPUTE_POLICIES)``, ``plan --recompute flash_full``) so that
+#: the default search, and the candidate count and plans lab 10 prints from it, stay as they
+#: were. For one layout it is never faster than "flash" (one more forward) and keeps what
+#: "full" keeps, so it matters only where "flash" does not fit.
+DEFAULT_RECOMPUTE: tuple[str, ...] = tuple(p for p in RECOMPUTE_POLICIES if p != "flash_full")
+
+
 @dataclass(frozen=True)
 class SearchSpace:
     """The values the search tries; a value that a layout's rules forbid is refused, not tried.
@@ -54,7 +63,7 @@ class SearchSpace:
 
     micro_batches: tuple[int, ...] = (1, 2, 4, 8)
     virtual_stages: tuple[int, ...] = (1, 2, 4)
-    recompute: tuple[str, ...] = RECOMPUTE_POLICIES
+    recompute: tuple[str, ...] = DEFAULT_RECOMPUTE
     zero_stages: tuple[int, ...] = memory.ZERO_STAGES
     #: context-parallel degrees; (1,): none (long sequences: e.g. (1, 2, 4, 8, 16))
     cp: tuple[int, ...] = (1,)
@@ -214,7 +223,8 @@ def search_layouts(workload: Workload, cluster: ClusterSpec,
             f"No layout fits: the smallest, {layout_label(least)}, needs "
             f"{least.memory_bytes / 1e9:.1f} GB per GPU against "
             f"{least.memory_limit_bytes / 1e9:.1f} GB usable on a {cluster.gpu.name}; use more "
-            f"GPUs, GPUs with more memory, full recomputation{experts} or (long sequences) "
+            f"GPUs, GPUs with more memory, full recomputation (with FlashAttention: "
+            f"SearchSpace.recompute 'flash_full'){experts} or (long sequences) "
             f"context parallelism (SearchSpace.cp); include_unfit=True (plan --include-unfit) "
             f"shows the layouts that do not fit.")
     fitting.sort(key=lambda p: (not p.fits, p.step_s, p.layout.zero_stage, p.layout.pp, p.layout.tp,
@@ -307,7 +317,10 @@ def format_plans(plans: list[Plan]) -> str:
     with_ep = any(p.layout.ep > 1 for p in plans)
     cp_header = f" {'cp':>7}" if with_cp else ""
     cp_header += f" {'ep a2a':>7}" if with_ep else ""
-    header = (f"{'layout':<17} {'mbs':>3} {'v':>2} {'recompute':<9} {'ZeRO':>4} {'mem GB':>7} "
+    # the policy column widens only for a policy longer than its header ("flash_full")
+    policy_width = max([len("recompute"), *(len(p.workload.recompute_policy) for p in plans)])
+    header = (f"{'layout':<17} {'mbs':>3} {'v':>2} {'recompute':<{policy_width}} {'ZeRO':>4} "
+              f"{'mem GB':>7} "
               f"{'compute':>8} {'tp':>7}{cp_header} {'pp':>7} {'bubble':>7} {'dp':>7} {'opt':>7} "
               f"{'data':>7} {'step s':>8} {'MFU':>6} {'days':>7}  {'network model':<13}  "
               f"bottleneck")
@@ -323,7 +336,7 @@ def format_plans(plans: list[Plan]) -> str:
         cp_cell += f" {p.ep_comm_s:7.3f}" if with_ep else ""
         lines.append(
             f"{grid:<17} {p.layout.micro_batch:3d} {p.layout.virtual_stages:2d} "
-            f"{p.workload.recompute_policy:<9} {p.layout.zero_stage:4d} "
+            f"{p.workload.recompute_policy:<{policy_width}} {p.layout.zero_stage:4d} "
             f"{p.memory_bytes / 1e9:7.1f} {p.compute_s:8.3f} "
             f"{p.tp_comm_s:7.3f}{cp_cell} {p.pp_comm_s:7.3f} {p.bubble_s:7.3f} {p.dp_comm_s:7.3f} "
             f"{p.optimizer_s:7.3f} {p.data_wait_s:7.3f} {p.step_s:8.3f} {100 * p.mfu:5.1f}% {days:7.1f}  "

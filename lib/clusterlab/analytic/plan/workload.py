@@ -30,10 +30,10 @@ from clusterlab.catalog.hardware import ClusterSpec
 
 
 #: The recomputation policies, :data:`clusterlab.analytic.gemm.RECOMPUTE_POLICIES` (one tuple):
-# "flash"
-#: (the default, ``recompute=False``), "none", "selective" and "full" (``recompute=True``); a
-#: "selective" step runs one more forward of attention's ``4 L s d`` FLOPs per token, a "full"
-#: one one more forward of everything.
+#: "flash" (the default, ``recompute=False``), "none", "selective", "full" (``recompute=True``)
+#: and "flash_full" (full recomputation with FlashAttention); a "selective" step runs one more
+#: forward of attention's ``4 L s d`` FLOPs per token, a "full" or "flash_full" one one more
+#: forward of everything.
 
 
 #: Weight matrices of one expert MLP: gated (SwiGLU: gate, up and down, each d x f), as in
@@ -264,10 +264,12 @@ class Workload:
     def hardware_flops_per_token(self) -> float:
         """FLOPs the GPUs run per token, recomputation included: the model's ``6N + 12 L s d``
         plus one more forward of attention's ``4 L s d`` ("selective") or of everything,
-        ``2N + 4 L s d`` ("full", 4/3 of the model's)."""
+        ``2N + 4 L s d`` ("full" and "flash_full", 4/3 of the model's: Korthikanti et al. 2022,
+        section 4)."""
         n_layers, d_model = self.shape
         extra = {"flash": 0.0, "none": 0.0, "selective": 4.0 * n_layers * self.seq_len * d_model,
-                 "full": self.flops_per_token / 3}[self.recompute_policy]
+                 "full": self.flops_per_token / 3,
+                 "flash_full": self.flops_per_token / 3}[self.recompute_policy]
         return self.flops_per_token + extra
 
 
