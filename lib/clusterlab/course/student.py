@@ -306,6 +306,13 @@ def _cell_code(source: str) -> str:
     return "\n".join(line for line in lines if not line.lstrip().startswith("%"))
 
 
+def _chapter_cells(text: str) -> list[str]:
+    """The Python of a chapter's code cells outside its solutions, in order."""
+    solutions = [m.span() for m in _SOLUTION.finditer(text)]
+    return [_cell_code(m.group(1)) for m in _CODE_CELL.finditer(text)
+            if not any(start <= m.start() < end for start, end in solutions)]
+
+
 def glued_values(chapter: Path, roles: list[str]) -> dict[str, str]:
     """The text of each ``{glue:text}`` role content (``name`` or ``name:format``), computed by
     running the chapter's code outside its solutions in a child process, as the book does.
@@ -315,10 +322,7 @@ def glued_values(chapter: Path, roles: list[str]) -> dict[str, str]:
     """
     if not roles:
         return {}
-    text = chapter.read_text()
-    solutions = [m.span() for m in _SOLUTION.finditer(text)]
-    cells = [_cell_code(m.group(1)) for m in _CODE_CELL.finditer(text)
-             if not any(start <= m.start() < end for start, end in solutions)]
+    cells = _chapter_cells(chapter.read_text())
     wanted = sorted({role.split(":")[0] for role in roles})
     result = subprocess.run([sys.executable, "-c", _GLUE_SCRIPT], input=json.dumps(
         [cells, wanted]), capture_output=True, text=True, cwd=chapter.parent,
@@ -335,13 +339,16 @@ def glued_values(chapter: Path, roles: list[str]) -> dict[str, str]:
 
 
 def _setup_code(text: str) -> str:
-    """The imports of a chapter's first code cell (``myst_nb`` left out), and ``check``."""
-    first = _CODE_CELL.search(text)
-    source = _cell_code(first.group(1)) if first else ""
-    imports = [ast.get_source_segment(source, node) for node in ast.parse(source).body
-               if isinstance(node, (ast.Import, ast.ImportFrom))
-               and "myst_nb" not in ast.get_source_segment(source, node)]
-    if not any("import check" in line or "check," in line for line in imports):
+    """The chapter's top-level imports outside its solutions, each once (``myst_nb`` and
+    ``IPython`` left out: the notebook has no book to glue into), and ``check``."""
+    imports: list[str] = []
+    for source in _chapter_cells(text):
+        for node in ast.parse(source).body:
+            line = ast.get_source_segment(source, node)
+            if (isinstance(node, (ast.Import, ast.ImportFrom)) and line not in imports
+                    and not re.search(r"\b(myst_nb|IPython)\b", line)):
+                imports.append(line)
+    if not any(re.search(r"\bimport\b.*\bcheck\b", line) for line in imports):
         imports.append("from clusterlab.course import check")
     return "\n".join(imports)
 
