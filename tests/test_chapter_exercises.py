@@ -173,7 +173,7 @@ def chapter_notebooks(tmp_path_factory) -> Path:
 def _value_texts(value) -> set[str]:
     """How a key's number could be written into a notebook (at least 3 digits)."""
     texts = set()
-    for number in np.atleast_1d(np.asarray(value, dtype=float)):
+    for number in np.asarray(value, dtype=float).ravel():
         for spec in (".3g", ".4g", ".2f", ".1f", ",.0f"):
             text = format(number, spec)
             if sum(ch.isdigit() for ch in text) >= 3:
