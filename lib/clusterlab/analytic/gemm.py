@@ -259,9 +259,9 @@ def transformer_layer_elementwise(seq_len: int, micro_batch: int, d_model: int, 
     their residual add (read x and the residual, write the sum and a mask: 7), GeLU on the
     ``s b f`` MLP activations (read and write: 4 ``sbf``), and unless a fused policy
     (:data:`FUSED_ATTENTION`) runs them inside the attention kernel, the softmax (4 bytes a
-    score) and the attention dropout (5) on the ``b a s^2`` scores. Backward: each reads the output's gradient and what it saved and writes
-    the input's gradient: LayerNorm 6 ``sbh``, dropout and residual 5, GeLU 6 ``sbf``, softmax
-    6 and dropout 5 a score. LayerNorm and dropout-residual are replicated on the ``t`` GPUs
+    score) and the attention dropout (5) on the ``b a s^2`` scores. Backward: each reads the
+    output's gradient and what it saved and writes the input's gradient: LayerNorm 6 ``sbh``,
+    dropout and residual 5, GeLU 6 ``sbf``, softmax 6 and dropout 5 a score. LayerNorm and dropout-residual are replicated on the ``t`` GPUs
     unless ``sequence_parallel`` splits them; the rest is split ``t`` ways. Recomputation runs
     the forward kernels again: all ("full"; "flash_full": all of "flash"'s, no score kernels)
     or the score ones ("selective").
