@@ -33,8 +33,7 @@ References:
     Clusters Using Megatron-LM", SC 2021 (the output layer's FLOPs, ``6 B s h V``).
     [dao2023] Dao, "FlashAttention-2: Faster Attention with Better Parallelism and Work
     Partitioning", ICLR 2024, arXiv:2307.08691 (the fused attention kernel: the ``s x s`` scores
-    stay on chip, its backward recomputes them from the softmax's row statistics; not yet in the
-    course's references.bib).
+    stay on chip, its backward recomputes them from the softmax's row statistics).
 """
 
 from __future__ import annotations
