@@ -44,8 +44,11 @@ def _ep(mesh, **kw):
     return lambda params, x: experts.moe_expert_parallel(params, x, mesh, axis_name=AXIS, **kw)
 
 
+@functools.lru_cache(maxsize=None)
 def _dense(**kw):
-    return lambda params, x: experts.moe_dense(params, x, **kw)
+    """The dense layer, jitted once per set of options: one compile of the reference, shared by
+    the tests, not one per primitive (run op by op, it took 15 s of the first test)."""
+    return jax.jit(lambda params, x: experts.moe_dense(params, x, **kw))
 
 
 @pytest.mark.parametrize("p", [2, 4, 8])
@@ -55,13 +58,13 @@ def test_output_and_gradients_equal_dense_when_nothing_is_dropped(p):
     with check.fp32_matmuls():
         rtol = check.fp32_rtol()
         ep = jax.jit(_ep(sub_mesh(p, AXIS), **kw))(params, x)
-        dense = experts.moe_dense(params, x, **kw)
+        dense = _dense(**kw)(params, x)
         assert int(ep.dropped) == int(dense.dropped) == 0
         check.verify_close(f"EP output on {p} devices", ep.y, dense.y, rtol=rtol)
         check.verify_close("auxiliary loss", ep.aux_loss, dense.aux_loss, rtol=rtol)
         np.testing.assert_array_equal(ep.expert_load, dense.expert_load)
         grads = jax.jit(jax.grad(_loss(_ep(sub_mesh(p, AXIS), **kw)), argnums=(0, 1)))(params, x)
-        reference = jax.grad(_loss(_dense(**kw)), argnums=(0, 1))(params, x)
+        reference = jax.jit(jax.grad(_loss(_dense(**kw)), argnums=(0, 1)))(params, x)
         check.verify_close(f"EP gradients (router, w1, w2, x) on {p} devices", grads, reference,
                            rtol=rtol)
     # every gradient is exercised: none is identically zero
@@ -73,10 +76,10 @@ def test_switch_top1_without_renormalising_equals_dense():
     kw = dict(top_k=1, capacity_factor=float(E), renormalize=False)
     with check.fp32_matmuls():
         grads = jax.jit(jax.grad(_loss(_ep(sub_mesh(4, AXIS), **kw))))(params, x)
-        reference = jax.grad(_loss(_dense(**kw)))(params, x)
+        reference = jax.jit(jax.grad(_loss(_dense(**kw))))(params, x)
         check.verify_close("top-1 gradients", grads, reference, rtol=check.fp32_rtol())
     # without renormalising, the router learns through the output, not only the aux loss
-    no_aux = jax.grad(lambda prm: jnp.sum(experts.moe_dense(prm, x, **kw).y))(params)
+    no_aux = jax.jit(jax.grad(lambda prm: jnp.sum(_dense(**kw)(prm, x).y)))(params)
     assert float(jnp.max(jnp.abs(no_aux["router"]))) > 0
 
 
@@ -85,7 +88,7 @@ def test_equal_with_drops_when_dense_routes_the_same_groups():
     kw = dict(top_k=2, capacity_factor=1.0)
     with check.fp32_matmuls():
         ep = jax.jit(_ep(sub_mesh(4, AXIS), **kw))(params, x)
-        grouped = experts.moe_dense(params, x, n_groups=4, **kw)
+        grouped = _dense(n_groups=4, **kw)(params, x)
         check.verify_close("EP output with drops", ep.y, grouped.y, rtol=check.fp32_rtol())
     assert int(ep.dropped) == int(grouped.dropped) > 0
 
@@ -160,7 +163,7 @@ def test_bf16_layer_stays_bf16_and_its_all_to_alls_move_two_bytes_a_value():
                                     capacity_factor=cf, bytes_per_element=2)
     assert [op.bytes for op in ops] == [expected, expected]
     # and expert parallelism still equals the dense layer routed in the same groups, in bf16
-    dense = experts.moe_dense(params, x, top_k=top_k, capacity_factor=cf, n_groups=p).y
+    dense = _dense(top_k=top_k, capacity_factor=cf, n_groups=p)(params, x).y
     assert dense.dtype == jnp.bfloat16
     error = np.abs(np.asarray(out.y, np.float32) - np.asarray(dense, np.float32)).max()
     assert error <= 0.02 * np.abs(np.asarray(dense, np.float32)).max()
@@ -181,7 +184,7 @@ def test_negative_controls_are_caught(ops, bug):
     params, x = _case()
     kw = dict(top_k=2, capacity_factor=NO_DROP)
     buggy = jax.jit(_ep(sub_mesh(4, AXIS), ops=ops, **kw))(params, x)
-    dense = experts.moe_dense(params, x, **kw)
+    dense = _dense(**kw)(params, x)
     with pytest.raises(check.VerificationFailed):
         check.verify_close("EP output", buggy.y, dense.y, rtol=check.fp32_rtol())
 
