@@ -241,3 +241,39 @@ def test_chapter_04s_notebook_runs_blank_then_answered(chapter_notebooks, tmp_pa
             cell.source = re.sub(r"answer = \.\.\.", f"answer = {value!r}", cell.source)
     printed = _run(answered, tmp_path)
     assert printed.splitlines() == [f"✓ {key[i].name} is correct." for i in sorted(key)]
+
+
+# The answers the chapters compute themselves in hidden cells (outside their solutions), as
+# (glued name, scale to the key's unit): each key must find the chapter's own numbers, so a key
+# that restated a chapter's input wrongly, or drifted from it, fails here.
+CHAPTER_GLUED_ANSWERS = {
+    "06-storage-and-the-data-path.md": {
+        "ch06.1": [("ex1_need_gb_s", 1), ("ex1_fed", 1)],
+        "ch06.2": [("ex2_read_gb_s", 1), ("ex2_ratio", 1)],
+        "ch06.3": [("ex3_ckpt_tb", 1), ("ex3_need_gb_s", 1)],
+        "ch06.4": [("ex4_llm_gpus", 1), ("ex4_image_gpus", 1)],
+        "ch06.5": [("ex5_node_gb_s", 1), ("ex5_ports", 1), ("ex5_host_gb_s", 1)]},
+    "08-planning-a-cluster.md": {
+        "ch08.1": [("ex_floor_days", 1), ("ex_fewest_ports", 1)],
+        "ch08.2": [("ex_overlap_eta_max_pct", 0.01), ("ex_overlap_b_best_s", 1)],
+        "ch08.3": [("ex_dp_7b_stage1", 1), ("ex_dp_70b_stage3", 1)],
+        "ch08.4": [("ex_big_mtbf_h", 1), ("ex_big_interval_min", 1), ("ex_big_lost_pct", 1),
+                   ("ex_big_lost_half_pct", 1)],
+        "ch08.5": [("ex_pw_gb200", 1), ("ex_pw_h100", 1), ("ex_pw_gb200_eflops", 1),
+                   ("ex_pw_h100_eflops", 1), ("ex_pw_pue", 1)]},
+}
+
+
+@pytest.mark.parametrize("chapter_name", sorted(CHAPTER_GLUED_ANSWERS))
+def test_keys_agree_with_the_values_the_chapter_computes(chapter_name):
+    answers = CHAPTER_GLUED_ANSWERS[chapter_name]
+    chapter = CHAPTERS / chapter_name
+    glued = student.glued_values(chapter, sorted({n for names in answers.values()
+                                                  for n, _ in names}))
+    key = grading.load_key(KEYS / f"{student.chapter_id(chapter)}.py")
+    for exercise_id, names in answers.items():
+        from_chapter = [float(glued[name]) * scale for name, scale in names]
+        expected = np.ravel(np.asarray(key[exercise_id].expected, dtype=float))
+        assert np.allclose(expected, from_chapter, rtol=1e-9), (exercise_id, expected,
+                                                                from_chapter)
+    print(f"{chapter_name}: {len(answers)} keys agree with the chapter's own values")
