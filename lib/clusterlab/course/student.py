@@ -279,7 +279,7 @@ def render_roles(text: str, glued: dict[str, str], sections: dict[str, str]) -> 
 _GLUE_SCRIPT = r"""
 import json, os, re, sys
 cells, wanted = json.loads(sys.stdin.read())
-answer, sys.stdout = sys.stdout, open(os.devnull, "w")   # the cells' prints are not the answer
+out, sys.stdout = sys.stdout, open(os.devnull, "w")   # the cells' prints are not the values
 wanted = set(wanted)
 values = {}
 def glue(name, value, display=True):
@@ -291,7 +291,7 @@ for source in cells:
     source = re.sub(r"^from myst_nb import glue$", "", source, flags=re.M)
     exec(compile(source, "<chapter cell>", "exec"), namespace)
 json.dump({n: (v.item() if hasattr(v, "item") else v) for n, v in values.items() if n in wanted},
-          answer)
+          out)
 """
 
 
