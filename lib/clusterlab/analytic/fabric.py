@@ -76,6 +76,7 @@ import scipy.sparse as sp
 from scipy.sparse.csgraph import shortest_path
 from tqdm import tqdm
 
+from clusterlab import _checks
 from clusterlab.analytic import costmodel, topology
 
 Policy = Literal["ecmp", "dmodk", "spray"]
@@ -89,6 +90,9 @@ ALGORITHMS = {"all_reduce": ("ring", "hierarchical", "tree"), "all_gather": ("ri
 #: Illustrative orders of magnitude, not fitted: they matter only for small messages.
 NET_HOP_LATENCY_S = 1e-6
 NVLINK_HOP_LATENCY_S = 0.5e-6
+#: One-way delay of light in optical fibre, seconds per metre: glass slows it to about c/1.5
+#: (the 5 ns/m Cisco's PFC white paper uses for the cable's share of the headroom).
+FIBER_DELAY_S_PER_M = 5e-9
 _SWITCH_KINDS = ("leaf", "spine", "core")
 
 
@@ -956,6 +960,46 @@ def sweep(fabric: Fabric, op: Op, nbytes: float, *, over: str, values: Sequence,
         raise ValueError(f"{over!r} is swept; do not also fix it in the keyword arguments.")
     return [collective(fabric, op, nbytes, **{**kwargs, over: value})
             for value in tqdm(list(values), desc=f"{op} over {over}", disable=not progress)]
+
+
+def pfc_headroom_bytes(link_bytes_per_s: float, cable_m: float, response_s: float,
+                       mtu_bytes: float) -> float:
+    """Buffer a lossless (PFC) port needs above its pause threshold so that no packet drops.
+
+    When a receiver's queue crosses the threshold it sends a pause frame upstream; until the
+    sender stops, bytes keep arriving. They are, in the worst case: the frame the receiver is
+    sending when it decides (one MTU, which delays the pause), the pause's trip up the cable
+    and the data's trip back (the line rate times twice the cable's delay), the sender's
+    reaction time, and the frame the sender has begun and must finish (one MTU). This is
+    the bandwidth-delay product of the pause loop, the sizing of Cisco's PFC white paper and
+    of IEEE 802.1Qbb's headroom, with the interface delays folded into ``response_s``.
+
+    Args:
+        link_bytes_per_s: the link's line rate, bytes/s (400 Gb/s: 50e9).
+        cable_m: the cable's length, metres (fibre, :data:`FIBER_DELAY_S_PER_M`).
+        response_s: seconds from the pause's arrival until the sender stops sending, plus
+            the ports' own processing delays.
+        mtu_bytes: the largest frame on the link, bytes (e.g. 4096 B RoCE payload plus
+            headers, or a 9216 B jumbo frame).
+
+    Returns:
+        The headroom in bytes, per port and per lossless priority.
+
+    Raises:
+        ValueError: a rate, length, time or frame size that is negative or not a number
+            (the length and the response may be zero).
+
+    References:
+        Cisco, "Priority Flow Control: Build Reliable Layer 2 Infrastructure", white paper,
+        2009 (the delay components of the headroom).
+        IEEE 802.1Qbb-2011, Priority-based Flow Control. https://1.ieee802.org/dcb/802-1qbb/
+    """
+    rate = _checks.positive("link_bytes_per_s", link_bytes_per_s)
+    length = _checks.positive("cable_m", cable_m, allow_zero=True)
+    response = _checks.positive("response_s", response_s, allow_zero=True)
+    frame = _checks.positive("mtu_bytes", mtu_bytes)
+    in_flight = rate * (2 * length * FIBER_DELAY_S_PER_M + response)
+    return in_flight + 2 * frame
 
 
 def _benchmark() -> None:
