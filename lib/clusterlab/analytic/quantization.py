@@ -16,7 +16,7 @@ the cache's bytes per element.
 References:
     Micikevicius et al., "FP8 Formats for Deep Learning", 2022. https://arxiv.org/abs/2209.05433
     vLLM documentation, "Quantized KV Cache" (FP8 E4M3 KV cache).
-    https://docs.vllm.ai/en/latest/features/quantization/quantized_kvcache.html
+    https://docs.vllm.ai/en/latest/features/quantization/quantized_kvcache/
 """
 
 from __future__ import annotations
