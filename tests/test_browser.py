@@ -165,7 +165,8 @@ _LAYOUT_JS = r"""() => {
   });
   const causes = past.filter(el => !past.some(other => other !== el && el.contains(other)))
     .sort((a, b) => b.getBoundingClientRect().width - a.getBoundingClientRect().width);
-  const article = document.querySelector('article.bd-article') || document.querySelector('main');
+  // A page without the theme's article (a 404, say: the status test reports it) is judged whole.
+  const article = document.querySelector('article.bd-article') || document.body;
   const column = article.getBoundingClientRect();
   const pad = getComputedStyle(article);
   const left = column.left + parseFloat(pad.paddingLeft) - 1;
