@@ -68,3 +68,12 @@ def test_parse_size_rejects_zero_and_fractions_of_a_byte(text):
 ])
 def test_format_bytes(nbytes, text):
     assert tables.format_bytes(nbytes) == text
+
+
+def test_format_power_of_ten_writes_numbers_as_a_reader_does():
+    assert tables.format_power_of_ten(2.6e12) == "2.6 × 10¹²"
+    assert tables.format_power_of_ten(8.4e23) == "8.4 × 10²³"
+    assert tables.format_power_of_ten(4.4e19, digits=3) == "4.40 × 10¹⁹"
+    assert tables.format_power_of_ten(-3e-5) == "-3.0 × 10⁻⁵"
+    with pytest.raises(ValueError, match="finite non-zero"):
+        tables.format_power_of_ten(0.0)

@@ -8,11 +8,13 @@ which every Sphinx builder writes as a table (``nb_render_markdown_format: myst`
 so MyST roles such as ``{cite}`key``` work inside cells too).
 
 :func:`format_bytes` and :func:`parse_size` write and read byte counts in binary units, as
-nccl-tests' size arguments do; Nothing here needs JAX.
+nccl-tests' size arguments do; :func:`format_power_of_ten` writes a large number as a reader
+would (``2.6 × 10¹²``, not ``2.6e+12``). Nothing here needs JAX.
 """
 
 from __future__ import annotations
 
+import math
 import re
 from typing import TYPE_CHECKING, Sequence
 
@@ -20,6 +22,7 @@ if TYPE_CHECKING:
     from IPython.display import Markdown
 
 _ALIGN_RULE = {"l": ":---", "r": "---:", "c": ":---:"}
+_SUPERSCRIPTS = str.maketrans("-0123456789", "⁻⁰¹²³⁴⁵⁶⁷⁸⁹")
 
 
 def _cell(value: object) -> str:
@@ -91,3 +94,13 @@ def format_bytes(nbytes: float) -> str:
         if nbytes >= scale:
             return f"{nbytes / scale:g} {unit}"
     return f"{nbytes:g} B"
+
+
+def format_power_of_ten(x: float, digits: int = 2) -> str:
+    """``2.6e12`` -> ``'2.6 × 10¹²'``: a number as a reader writes it, to ``digits`` significant
+    digits (a non-zero ``x``)."""
+    if x == 0 or not math.isfinite(x):
+        raise ValueError(f"format_power_of_ten needs a finite non-zero number, got {x!r}.")
+    exponent = math.floor(math.log10(abs(x)))
+    mantissa = x / 10**exponent
+    return f"{mantissa:.{digits - 1}f} × 10{str(exponent).translate(_SUPERSCRIPTS)}"
