@@ -10,8 +10,8 @@ one byte instead of two halves those reads and frees memory for more sequences. 
 
 The KV cache takes ``"bf16"`` or ``"fp8"`` (one byte per key or value, as vLLM's
 ``--kv-cache-dtype fp8``). The activations that tensor parallelism all-reduces stay BF16 whatever
-the cache holds; :func:`clusterlab.analytic.serving.decode_step` would otherwise price them at
-the cache's bytes per element.
+the cache holds (``decode_step``'s ``bytes_per_activation``), where by default it would price
+them at the cache's bytes per element.
 
 References:
     Micikevicius et al., "FP8 Formats for Deep Learning", 2022. https://arxiv.org/abs/2209.05433
@@ -21,8 +21,7 @@ References:
 
 from __future__ import annotations
 
-from clusterlab import _checks
-from clusterlab.analytic import costmodel, serving
+from clusterlab.analytic import serving
 from clusterlab.catalog import hardware
 
 __all__ = ["FORMAT_BYTES", "quantized_decode_step"]
@@ -67,15 +66,7 @@ def quantized_decode_step(model: serving.Model, batch: int, seq_len: int, *,
     """
     weight_bytes = _format_bytes("weights", weights, ("bf16", "fp8", "int8"))
     kv_bytes = _format_bytes("kv_cache", kv_cache, ("bf16", "fp8"))
-    spec = gpu if isinstance(gpu, hardware.GPU) else hardware.gpu(gpu)
-    tp = _checks.count("tp", tp)
-    all_reduce_s = 0.0
-    if tp > 1:
-        group = hardware.ClusterSpec(gpu=spec, n_nodes=1, gpus_per_node=tp)
-        nbytes = serving.tensor_parallel_all_reduce_bytes(
-            model, _checks.count("batch", batch), bytes_per_element=_ACTIVATION_BYTES)
-        all_reduce_s = costmodel.cluster_collective("all_reduce", nbytes, group).time_s
-    return serving.decode_step(model, batch, seq_len, gpu=spec, tp=tp,
+    return serving.decode_step(model, batch, seq_len, gpu=gpu, tp=tp,
                                bytes_per_param=weight_bytes, bytes_per_element=kv_bytes,
-                               precision="fp8" if weights == "fp8" else "bf16",
-                               all_reduce_s=all_reduce_s)
+                               bytes_per_activation=_ACTIVATION_BYTES,
+                               precision="fp8" if weights == "fp8" else "bf16")

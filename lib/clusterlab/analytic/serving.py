@@ -458,7 +458,8 @@ def decode_step(model: Model, batch: int, seq_len: int, *, gpu: hardware.GPU | s
                 tp: int = 1, bytes_per_param: float = 2, bytes_per_element: float = 2,
                 precision: hardware.Precision = "bf16",
                 flops_efficiency: float = 1.0, bandwidth_efficiency: float = 1.0,
-                all_reduce_s: float | None = None) -> RooflineStep:
+                all_reduce_s: float | None = None,
+                bytes_per_activation: float | None = None) -> RooflineStep:
     """One decode step: one new token for each of ``batch`` sequences of ``seq_len`` tokens.
 
     FLOPs: ``batch`` times :func:`decode_flops_per_token` (matmul parameters, attention over
@@ -475,6 +476,8 @@ def decode_step(model: Model, batch: int, seq_len: int, *, gpu: hardware.GPU | s
         seq_len: tokens already in each sequence's cache (integer >= 0).
         gpu, tp, bytes_per_param, bytes_per_element, precision, flops_efficiency,
             bandwidth_efficiency, all_reduce_s: as in :func:`prefill_step`.
+        bytes_per_activation: bytes per all-reduced activation where they differ from the
+            cache's (an FP8 cache with BF16 activations: 2); None: ``bytes_per_element``.
 
     Returns:
         A :class:`RooflineStep` per GPU.
@@ -489,7 +492,9 @@ def decode_step(model: Model, batch: int, seq_len: int, *, gpu: hardware.GPU | s
                                            seq_len=seq_len, d_attn=model.d_attn)
     nbytes = decode_step_bytes(model.streamed_param_bytes(bytes_per_param),
                                model.kv_cache_bytes(seq_len, batch, bytes_per_element))
-    comm = _tp_all_reduces_s(model, batch, tp, spec, bytes_per_element, all_reduce_s)
+    comm = _tp_all_reduces_s(model, batch, tp, spec,
+                             bytes_per_element if bytes_per_activation is None
+                             else bytes_per_activation, all_reduce_s)
     return roofline_step(flops, nbytes, gpu=spec, tp=tp, communication_s=comm,
                          precision=precision, flops_efficiency=flops_efficiency,
                          bandwidth_efficiency=bandwidth_efficiency)
