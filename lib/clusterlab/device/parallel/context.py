@@ -518,3 +518,92 @@ def ring_overlap_min_block_tokens(flops_per_s: float, link_bytes_per_s: float, *
                          f"{causal_fraction}.")
     return (flops_per_s * n_kv_heads * bytes_per_element
             / (2 * n_heads * link_bytes_per_s * causal_fraction))
+
+
+def ring_attention_backward_traffic(batch: int, seq_len: int, n_heads: int, head_dim: int,
+                                    n_devices: int, *, bytes_per_element: int = 2,
+                                    grad_bytes_per_element: int = 4,
+                                    keeps_blocks: bool = False) -> Traffic:
+    """The ring's backward collectives, per device, for one attention layer.
+
+    A memory-saving ring (``keeps_blocks=False``) keeps only its own key/value block after the
+    forward pass. Its backward passes the blocks round again, p-1 collective-permutes of
+    ``2 B (S/p) H Dh`` values, and with each block its gradient accumulator dK, dV: every
+    device adds its share and passes it on, p permutes in ``grad_bytes_per_element`` (the last
+    brings each block's gradient home). That is the backward of Liu et al. (2023) and of
+    ring-flash-attention (zhuzilin/ring-flash-attention, commit 0fc25b4, which accumulates dK
+    and dV in FP32). Backward over forward bytes:
+    ``((p-1) b + p b_grad) / ((p-1) b)``, so 2 + 1/(p-1) with 16-bit gradients and
+    3 + 2/(p-1) with FP32 ones, against bf16 keys and values.
+
+    A ring differentiated as written (``keeps_blocks=True``: JAX's transpose of
+    :func:`ring_attention`, JAX 0.10.2) keeps every block it received, p times the memory,
+    and sends only the p-1 reverse permutes of the dK, dV partial sums.
+
+    Args:
+        batch, seq_len, n_heads, head_dim, n_devices: as in :func:`ring_attention_traffic`
+            (``n_heads``: the key/value heads).
+        bytes_per_element: of the keys and values (2 for bf16).
+        grad_bytes_per_element: of the dK, dV accumulators sent.
+        keeps_blocks: whether the forward kept every block it received.
+    """
+    check_sequence(seq_len, n_devices, "contiguous")
+    if min(bytes_per_element, grad_bytes_per_element) <= 0:
+        raise ValueError("bytes_per_element and grad_bytes_per_element must be positive "
+                         "(2 for bf16, 4 for FP32).")
+    values = 2 * batch * (seq_len // n_devices) * n_heads * head_dim
+    if keeps_blocks:
+        sizes = (values * grad_bytes_per_element,) * (n_devices - 1)
+    else:
+        sizes = ((values * bytes_per_element,) * (n_devices - 1)
+                 + (values * grad_bytes_per_element,) * n_devices)
+    return Traffic("collective-permute", len(sizes), sizes, sum(sizes), float(sum(sizes)))
+
+
+def ulysses_backward_traffic(batch: int, seq_len: int, n_heads: int, head_dim: int,
+                             n_devices: int, *, grad_bytes_per_element: int = 2) -> Traffic:
+    """Ulysses' backward collectives: the forward's two all-to-alls transposed, in reverse.
+
+    The output's gradient goes back from heads to tokens (``B (S/p) H Dh`` values), then the
+    gradients of q, k and v (``3 B (S/p) H Dh``): the forward's bytes in the gradients'
+    precision, each sending (p-1)/p of its buffer.
+    """
+    forward = ulysses_traffic(batch, seq_len, n_heads, head_dim, n_devices,
+                              bytes_per_element=grad_bytes_per_element)
+    return forward._replace(result_bytes=forward.result_bytes[::-1])
+
+
+def ring_backward_overlap_min_block_tokens(flops_per_s: float, link_bytes_per_s: float, *,
+                                           n_heads: int, n_kv_heads: int | None = None,
+                                           bytes_per_element: int = 2,
+                                           grad_bytes_per_element: int = 4,
+                                           backward_flops_ratio: float = 2.5,
+                                           causal_fraction: float = 1.0) -> float:
+    """The fewest tokens per device for which a backward ring step's transfers hide.
+
+    A backward step of a memory-saving ring sends a key/value block and a dK, dV block,
+    ``2 B (S/p) H_kv Dh`` values each, while it runs ``backward_flops_ratio`` times the
+    forward step's FLOPs: 2.5 for FlashAttention's backward, five matmuls (the scores
+    recomputed, dV, dP, dQ, dK) against the forward's two (Dao 2023). The condition is
+    :func:`ring_overlap_min_block_tokens`'s with ``b + b_grad`` bytes per value sent and the
+    FLOPs scaled by the ratio:
+
+        S/p >= F H_kv (b + b_grad) / (2 * ratio * H * W * fraction).
+
+    Its ratio to the forward's bound is ``(b + b_grad) / (ratio b)``: 0.8 with 16-bit
+    gradients, 1.2 with FP32 ones. The last permute (each gradient going home) has no compute
+    after it to hide behind.
+
+    Args:
+        flops_per_s, link_bytes_per_s, n_heads, n_kv_heads, bytes_per_element,
+            causal_fraction: as in :func:`ring_overlap_min_block_tokens`.
+        grad_bytes_per_element: of the dK, dV accumulators sent.
+        backward_flops_ratio: a backward step's FLOPs over the forward step's (> 0).
+    """
+    if not backward_flops_ratio > 0 or not grad_bytes_per_element > 0:
+        raise ValueError("backward_flops_ratio and grad_bytes_per_element must be positive "
+                         "(2.5 for FlashAttention's backward; 2 or 4 bytes).")
+    return ring_overlap_min_block_tokens(
+        flops_per_s, link_bytes_per_s, n_heads=n_heads, n_kv_heads=n_kv_heads,
+        bytes_per_element=bytes_per_element + grad_bytes_per_element,
+        causal_fraction=causal_fraction) / backward_flops_ratio
