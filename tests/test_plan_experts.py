@@ -140,16 +140,42 @@ def test_mixtral_counts_its_parameters_and_active_flops():
           f"{active / 1e9:.2f}e9 active, {MIXTRAL.flops_per_token / 1e9:.1f} GFLOP per token")
 
 
-def test_moe_compute_runs_top_k_experts_and_ep_leaves_it_unchanged():
+def _moe_layer_parts_s(gpu, rows: int, local_experts: int, routed_tokens: int) -> float:
+    """A Mixtral MoE layer (one micro-batch of 4096 tokens, tp 8, sequence parallel) summed
+    from clusterlab.analytic.gemm's parts: the dense layer less its MLP GEMMs and GeLU, the
+    experts as grouped GEMMs, the router's GEMMs and the dispatcher's kernels."""
+    shape = dict(tensor_parallel=8, recompute="flash")
+    dense_s = gemm.transformer_layer_time_s(gpu, 4096, 1, 4096, 32, ffn_hidden=43008,
+                                            sequence_parallel=True, **shape)
+    mlp_s = sum(gemm.gemm_time_s(g, gpu) for g in gemm.transformer_layer_gemms(
+        4096, 1, 4096, 32, ffn_hidden=43008, **shape) if g.name.startswith("mlp_"))
+    gelu_s = sum(k.hbm_bytes for k in gemm.transformer_layer_elementwise(
+        4096, 1, 4096, 32, ffn_hidden=43008, sequence_parallel=True, **shape)
+        if k.name == "gelu") / gpu.hbm_bytes_per_s
+    experts_s = sum(gemm.grouped_gemm_time_s(g, local_experts, gpu)
+                    for g in gemm.expert_mlp_gemms(rows, 4096, 14336, **shape))
+    router_s = sum(gemm.gemm_time_s(g, gpu) for g in gemm.router_gemms(routed_tokens, 4096, 8))
+    kernels_s = sum(k.hbm_bytes for k in gemm.moe_elementwise(
+        routed_tokens, 4096, 14336, top_k=2, n_experts=8, received_rows=rows * local_experts,
+        local_experts=local_experts, **shape)) / gpu.hbm_bytes_per_s
+    return dense_s - mlp_s - gelu_s + experts_s + router_s + kernels_s
+
+
+def test_moe_compute_runs_top_k_experts_as_grouped_gemms_and_ep_changes_only_their_shape():
     c = _cluster(64)
     base = plan.predict(MIXTRAL, c, plan.Layout(dp=8, tp=8))
     sharded = plan.predict(MIXTRAL, c, plan.Layout(dp=8, tp=8, ep=8))
-    assert sharded.compute_s == base.compute_s          # balanced load: ep moves tokens only
-    layer_s = gemm.transformer_layer_time_s(c.gpu, 4096, 1, 4096, 32, ffn_hidden=43008,
-                                            tensor_parallel=8, sequence_parallel=True,
-                                            recompute="flash")
+    # ep 1: 8 local experts of 4096 * 2 / 8 = 1024 rows; ep 8: one expert of 8 * 1024 rows.
+    # The same expert FLOPs on each GPU (balanced load), in fewer, fuller GEMMs.
+    assert prediction.expert_rows(MIXTRAL, base.layout) == 1024
+    assert prediction.expert_rows(MIXTRAL, sharded.layout) == 8192
     microbatches = 512 // 8
-    assert base.compute_s == pytest.approx(microbatches * 32 * layer_s, rel=1e-12)
+    routed = 4096 // 8                      # sequence parallel: each tp GPU routes s / tp
+    assert base.compute_s == pytest.approx(
+        microbatches * 32 * _moe_layer_parts_s(c.gpu, 1024, 8, routed), rel=1e-12)
+    assert sharded.compute_s == pytest.approx(
+        microbatches * 32 * _moe_layer_parts_s(c.gpu, 8192, 1, routed), rel=1e-12)
+    assert sharded.compute_s != base.compute_s
     calibrated = plan.predict(MIXTRAL, c, plan.Layout(dp=8, tp=8),
                               plan.Assumptions(compute_efficiency=0.5))
     assert calibrated.compute_s == pytest.approx(
@@ -164,9 +190,11 @@ def test_moe_compute_runs_top_k_experts_and_ep_leaves_it_unchanged():
                                                   ffn_hidden=dense_width, tensor_parallel=8,
                                                   sequence_parallel=True, recompute="flash")
     assert mixed_plan.compute_s == pytest.approx(
-        microbatches * (29 * layer_s + 3 * dense_layer_s), rel=1e-12)
-    print(f"compute {base.compute_s:.2f} s per step, with ep 8 the same; per-FLOP model "
-          f"{calibrated.compute_s:.2f} s at 50% of peak")
+        microbatches * (29 * _moe_layer_parts_s(c.gpu, 1024, 8, routed) + 3 * dense_layer_s),
+        rel=1e-12)
+    print(f"compute {base.compute_s:.2f} s per step, {sharded.compute_s:.2f} s with ep 8 "
+          f"(one expert of 8,192 rows per GPU); per-FLOP model {calibrated.compute_s:.2f} s "
+          f"at 50% of peak")
 
 
 @pytest.mark.parametrize("make, match", [

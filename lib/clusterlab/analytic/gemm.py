@@ -20,7 +20,10 @@ HBM bandwidth; :func:`transformer_layer_time_s` sums both. :func:`output_layer_t
 the output layer (the logits GEMM, ``d x V``) and its cross-entropy, which Megatron-LM runs on
 the last pipeline stage. :func:`group_shares` splits a layer's GEMM time into attention, MLP
 and projections (:data:`LAYER_GEMM_GROUPS`), whether priced here or measured on a device
-(``clusterlab.device.bench.time_gemms``).
+(``clusterlab.device.bench.time_gemms``). A mixture-of-experts layer's experts are priced as a
+grouped GEMM of the tokens each expert receives (:func:`expert_mlp_gemms`,
+:func:`grouped_gemm_time_s`), beside its router (:func:`router_gemms`) and its token
+permutations and gated activation (:func:`moe_elementwise`).
 
 References:
     [nvidia_gemm_guide] NVIDIA, "Matrix Multiplication Background User's Guide" (tile and wave
@@ -34,6 +37,16 @@ References:
     [dao2023] Dao, "FlashAttention-2: Faster Attention with Better Parallelism and Work
     Partitioning", ICLR 2024, arXiv:2307.08691 (the fused attention kernel: the ``s x s`` scores
     stay on chip, its backward recomputes them from the softmax's row statistics).
+    [te_multi_stream] NVIDIA Transformer Engine, ``transformer_engine/common/util/
+    multi_stream.cpp`` (``get_num_compute_streams()``: 4) and ``GroupedLinear``, which runs a
+    grouped GEMM on Hopper as one cuBLAS GEMM per group over those streams (Transformer Engine
+    2.x; the source was read for the constant, not at the release of a published run).
+    https://github.com/NVIDIA/TransformerEngine
+    [megatron_moe_dispatcher] Megatron Core, ``megatron/core/transformer/moe/
+    token_dispatcher.py`` (``MoEAlltoAllTokenDispatcher``: permutation 1 by the routing map,
+    the all-to-all, permutation 2 ``sort_chunks_by_idxs`` when a GPU holds more than one
+    expert, and their mirrors in the combine) and ``moe_utils.py``.
+    https://github.com/NVIDIA/Megatron-LM
 """
 
 from __future__ import annotations
@@ -429,3 +442,116 @@ def group_shares(gemms: Sequence[Gemm], seconds: Sequence[float],
     total_s = math.fsum(seconds)
     return {group: math.fsum(s for g, s in zip(gemms, seconds) if group_of[g.name] == group)
             / total_s for group in groups}
+
+
+# --- Mixture-of-experts layers: grouped expert GEMMs, the router, the token permutations ------
+
+#: Compute streams Transformer Engine spreads a grouped GEMM's per-expert GEMMs over on Hopper
+#: in BF16 [te_multi_stream]: ``GroupedLinear`` launches one cuBLAS GEMM per expert, round
+#: robin over ``get_num_compute_streams()`` streams (``transformer_engine/common/util/
+#: multi_stream.cpp``: 4), so four experts' GEMMs share the SMs at a time.
+GROUPED_GEMM_STREAMS = 4
+
+
+def expert_mlp_gemms(rows: int, d_model: int, expert_mlp_width: int, *,
+                     tensor_parallel: int = 1, recompute: str = "flash") -> tuple[Gemm, ...]:
+    """The GEMMs of one gated expert MLP over the ``rows`` tokens routed to it, on one
+    tensor-parallel GPU: ``expert_fc1`` ``(rows x d) @ (d x 2f/t)`` (gate and up projections
+    in one weight, as Megatron Core's grouped experts hold them) and ``expert_fc2``
+    ``(rows x f/t) @ (f/t x d)``, each with its dgrad and wgrad; full recomputation
+    (:data:`FULL_RECOMPUTE`) runs both forwards again.
+
+    Their FLOPs are ``rows * 6 d f / t`` forward (a gated MLP's three ``d x f`` matrices).
+
+    Raises:
+        ValueError: on a size that is not a positive integer or an unknown policy.
+    """
+    m = _checks.count("rows", rows)
+    d, f = _checks.count("d_model", d_model), _checks.count("expert_mlp_width", expert_mlp_width)
+    t = _checks.count("tensor_parallel", tensor_parallel)
+    policy = _recompute_policy(recompute)
+    forward = [Gemm("expert_fc1", m, 2 * f / t, d), Gemm("expert_fc2", m, d, f / t)]
+    backward = [g for gemm in reversed(forward) for g in _backward(gemm)]
+    return tuple(forward + _recomputed(forward, policy, set()) + backward)
+
+
+def grouped_gemm_time_s(gemm: Gemm, n_gemms: int, gpu: GPU,
+                        streams: int = GROUPED_GEMM_STREAMS) -> float:
+    """Seconds of ``n_gemms`` GEMMs of ``gemm``'s shape run as a grouped GEMM: ``streams`` of
+    them at a time share the SMs (:data:`GROUPED_GEMM_STREAMS`), so each round is priced as
+    one GEMM of ``streams`` times the batch, its tiles in waves together
+    (:func:`gemm_time_s`); ``ceil(n_gemms / streams)`` rounds run one after another.
+
+    With one stream this is ``n_gemms`` separate GEMMs, each with its own partial last wave;
+    with as many streams as GEMMs, one GEMM of all their tiles.
+
+    Raises:
+        ValueError: when ``n_gemms`` or ``streams`` is not a positive integer.
+    """
+    full_rounds, rest = divmod(_checks.count("n_gemms", n_gemms),
+                               _checks.count("streams", streams))
+
+    def round_s(concurrent: int) -> float:
+        return gemm_time_s(Gemm(gemm.name, gemm.m, gemm.n, gemm.k, gemm.batch * concurrent,
+                                gemm.pass_, gemm.on_chip), gpu)
+
+    return full_rounds * round_s(streams) + (round_s(rest) if rest else 0.0)
+
+
+def router_gemms(tokens: int, d_model: int, n_experts: int) -> tuple[Gemm, ...]:
+    """The router's GEMMs for ``tokens`` tokens: the logits ``(tokens x d) @ (d x E)``, its
+    dgrad and wgrad (Megatron Core's ``TopKRouter``: one linear layer, replicated on every
+    expert-parallel rank)."""
+    logits = Gemm("router", _checks.count("tokens", tokens), _checks.count("n_experts", n_experts),
+                  _checks.count("d_model", d_model))
+    return (logits, *_backward(logits))
+
+
+def moe_elementwise(tokens: int, d_model: int, expert_mlp_width: int, *, top_k: int,
+                    n_experts: int, received_rows: int, local_experts: int,
+                    tensor_parallel: int = 1,
+                    recompute: str = "flash") -> tuple[Elementwise, ...]:
+    """The memory-bound kernels of one MoE layer on one GPU, with the HBM bytes each moves
+    (2 bytes a value; the router's probabilities in FP32, 4): Megatron Core's all-to-all token
+    dispatcher [megatron_moe_dispatcher] and its experts' activation.
+
+    Forward: the router's softmax and top-k over ``tokens x E`` logits (read, write: 8 bytes a
+    logit); permutation 1, the ``k`` copies of each of the GPU's ``tokens`` gathered in expert
+    order before the all-to-all (read ``tokens d``, write ``tokens k d``); permutation 2, with
+    more than one local expert, the ``received_rows`` that arrived sorted by local expert
+    (read and write ``received_rows d``); the gated activation (SwiGLU) on the received rows'
+    ``2f/t`` values, writing ``f/t``; and the combine's mirror of both permutations (sort back,
+    read and write ``received_rows d``; un-permute, read ``tokens k d``, write ``tokens d``).
+    Backward: each moves the same bytes as its forward, the activation's reading its output's
+    gradient and input and writing the input's gradient (``f/t + 2 * 2f/t`` a row). Full
+    recomputation (:data:`FULL_RECOMPUTE`) runs the forwards again.
+
+    Args:
+        tokens: tokens the GPU routes (a micro-batch's, sequence-split over tp when sequence
+            parallel).
+        d_model, expert_mlp_width: d and f of one expert.
+        top_k, n_experts: k and E.
+        received_rows: token copies the GPU's experts compute (the busiest GPU's).
+        local_experts: experts the GPU holds (``E / ep``): permutation 2 runs only for > 1.
+        tensor_parallel: t, the experts' f split over t GPUs.
+        recompute: one of :data:`RECOMPUTE_POLICIES`.
+
+    Returns:
+        The kernels, forward first.
+    """
+    n, rows = _checks.count("tokens", tokens), _checks.count("received_rows", received_rows)
+    d, f = _checks.count("d_model", d_model), _checks.count("expert_mlp_width", expert_mlp_width)
+    k, e = _checks.count("top_k", top_k), _checks.count("n_experts", n_experts)
+    t = _checks.count("tensor_parallel", tensor_parallel)
+    local = _checks.count("local_experts", local_experts)
+    policy = _recompute_policy(recompute)
+    v, prob = BYTES_PER_VALUE, 4
+    permute = v * (n * d + n * k * d)
+    sort = 2 * v * rows * d if local > 1 else 0.0
+    kernels = {"router_softmax_topk": 2 * prob * n * e, "permute": permute + sort,
+               "unpermute": permute + sort}
+    forward = [Elementwise(name, nbytes) for name, nbytes in kernels.items() if nbytes]
+    forward.append(Elementwise("expert_activation", v * rows * 3 * f / t))
+    backward = [Elementwise(kernel.name, kernel.hbm_bytes, "dgrad") for kernel in forward[:-1]]
+    backward.append(Elementwise("expert_activation", v * rows * 5 * f / t, "dgrad"))
+    return tuple(forward + _recomputed(forward, policy, set()) + backward)

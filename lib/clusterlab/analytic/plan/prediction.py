@@ -38,7 +38,8 @@ from dataclasses import dataclass, field, replace
 from clusterlab.analytic import costmodel, flops, gemm, memory, moe, storage
 from clusterlab.analytic.plan._network import all_reduce, collective, group_of
 from clusterlab.analytic.plan.step import exposed_bucketed_reduce_s, megatron_bucket_params
-from clusterlab.analytic.plan.workload import Assumptions, cluster as plan_cluster, Layout, Workload
+from clusterlab.analytic.plan.workload import (Assumptions, cluster as plan_cluster, Layout, MoE,
+                                               Workload)
 from clusterlab.catalog import hardware
 from clusterlab.catalog.hardware import ClusterSpec
 from clusterlab.catalog.published import training_runs
@@ -182,11 +183,13 @@ class Plan:
         dp_nodes = _dp_placement(self.layout, self.hardware)[1]
         stages_apart = _stages_cross_nodes(self.layout, self.hardware)
         cp_nodes = _cp_placement(self.layout, self.hardware)[1]
-        ep_nodes = _ep_placement(self.layout, self.hardware)[1]
+        # the all-to-all's own bound: an ep group across hosts of one NVLink domain (an NVL72
+        # rack) stays on NVLink
+        ep_over_network = self.ep_estimate is not None and self.ep_estimate.bottleneck == "network"
         return {"compute": "compute", "tensor-parallel all-reduce": "node interconnect",
                 "context-parallel K/V all-gather": ("fabric" if cp_nodes > 1
                                                     else "node interconnect"),
-                EP_TERM: "fabric" if ep_nodes > 1 else "node interconnect",
+                EP_TERM: "fabric" if ep_over_network else "node interconnect",
                 "pipeline send/receive": "fabric" if stages_apart else "node interconnect",
                 "pipeline bubble": "pipeline bubble",
                 "data-parallel all-reduce": "fabric" if dp_nodes > 1 else "node interconnect",
@@ -470,14 +473,9 @@ def _compute_s(workload: Workload, cluster: ClusterSpec, layout: Layout,
     whole sequence's shapes (a modelled simplification: at ``s / cp`` of tens of thousands of
     tokens the rows stay far beyond a wave of tiles).
 
-    Mixture of experts: an MoE layer runs attention and the ``top_k`` expert MLPs of each token
-    (:attr:`Workload.expert_ffn_width`: one MLP of their FLOPs, split over tp as the experts
-    are), a dense layer its MLP; a stage's layer time is their average. The load is assumed
-    balanced over the experts (each GPU computes as many assignments as its own tokens make,
-    whatever ep), the expert GEMMs as efficient as one MLP over the micro-batch's tokens and
-    the capacity buffers' empty slots as free (modelled simplifications: grouped GEMMs over
-    ``T k / E`` rows per expert run below that, an unbalanced router makes the busiest GPU the
-    pace, :func:`clusterlab.device.parallel.experts.straggler_factor`).
+    Mixture of experts: a dense layer runs its MLP; an MoE layer runs attention and, on the
+    busiest GPU of its expert-parallel group, its experts as grouped GEMMs, its router and its
+    token permutations (:func:`_moe_layer_s`); a stage's layer time is their average.
     """
     n_layers, d_model = workload.shape
     vocab = workload.vocab_size
@@ -504,11 +502,105 @@ def _compute_s(workload: Workload, cluster: ClusterSpec, layout: Layout,
         n_moe = workload.moe_layers
         dense_s = 0.0 if n_moe == n_layers else (n_layers - n_moe) * layer_time_s(
             workload.mlp_width)
-        layer_s = (n_moe * layer_time_s(workload.expert_ffn_width) + dense_s) / n_layers
+        layer_s = (n_moe * _moe_layer_s(workload, cluster, layout) + dense_s) / n_layers
     output_s = 0.0 if vocab is None else microbatches * gemm.output_layer_time_s(
         cluster.gpu, workload.seq_len, layout.micro_batch, d_model, vocab,
         tensor_parallel=layout.tp) / layout.cp
     return layer_s * n_layers / layout.pp * microbatches + output_s, output_s
+
+
+def expert_rows(workload: Workload, layout: Layout) -> int:
+    """Token copies each expert of the busiest GPU computes per micro-batch: the ``ep``
+    replicas' ``T = micro_batch s / cp`` tokens each send ``k`` copies over the ``E`` experts,
+    ``ep T k / E`` on average, times ``moe.load_imbalance`` (max / mean), rounded up.
+
+    Raises:
+        ValueError: for a dense workload.
+    """
+    if workload.moe is None:
+        raise ValueError("A dense workload has no experts: give Workload.moe.")
+    spec = workload.moe
+    tokens = layout.micro_batch * workload.seq_len / layout.cp
+    mean = layout.ep * tokens * spec.top_k / spec.n_experts
+    return max(1, math.ceil(spec.load_imbalance * mean))
+
+
+def _moe_layer_s(workload: Workload, cluster: ClusterSpec, layout: Layout) -> float:
+    """One MoE layer's seconds for one micro-batch on the busiest GPU of its expert-parallel
+    group (:func:`_moe_layer_time_s` of its shape): the tokens it routes are its micro-batch's
+    ``micro_batch s / cp`` (split over tp when sequence parallel), its experts ``E / ep``, each
+    over :func:`expert_rows` rows."""
+    spec = workload.moe
+    sequence_parallel = layout.sequence_parallel and layout.tp > 1
+    tokens = layout.micro_batch * workload.seq_len // layout.cp
+    return _moe_layer_time_s(
+        cluster.gpu, workload.precision, workload.seq_len, layout.micro_batch,
+        workload.shape[1], workload.heads, spec, tensor_parallel=layout.tp,
+        sequence_parallel=sequence_parallel, recompute=workload.recompute_policy,
+        context_parallel=layout.cp,
+        routed_tokens=max(1, tokens // layout.tp if sequence_parallel else tokens),
+        rows=expert_rows(workload, layout), local_experts=spec.n_experts // layout.ep)
+
+
+@functools.lru_cache(maxsize=4096)   # a layout search prices the same layer many times
+def _moe_layer_time_s(gpu: hardware.GPU, precision: str, seq_len: int, micro_batch: int,
+                      d_model: int, n_heads: int, spec: MoE, *, tensor_parallel: int,
+                      sequence_parallel: bool, recompute: str, context_parallel: int,
+                      routed_tokens: int, rows: int, local_experts: int) -> float:
+    """One MoE layer's seconds for one micro-batch on one GPU, forward, backward and
+    recomputation:
+
+    * attention: the layer's GEMMs and element-wise kernels less the dense MLP's
+      (:func:`clusterlab.analytic.gemm.transformer_layer_gemms`, without ``mlp_up``,
+      ``mlp_down`` and ``gelu``), ``1/cp`` of them as for a dense layer;
+    * the experts: each of :func:`clusterlab.analytic.gemm.expert_mlp_gemms` over ``rows``
+      token copies, for the ``local_experts`` the GPU holds, as one grouped GEMM
+      (:func:`clusterlab.analytic.gemm.grouped_gemm_time_s`: Transformer Engine's four streams
+      of per-expert GEMMs on Hopper); a GPU holding fewer, fuller experts runs them more
+      efficiently, so ep changes the compute;
+    * the router's GEMMs over the ``routed_tokens`` (:func:`clusterlab.analytic.gemm.
+      router_gemms`) and the dispatcher's permutations, the router's softmax and the experts'
+      gated activation by their bytes over HBM (:func:`clusterlab.analytic.gemm.
+      moe_elementwise`).
+
+    FP8 runs the linear GEMMs (QKV, output projection, the experts') at the FP8 peak, as
+    :func:`_layer_time_s` does; attention's two GEMMs and the router stay BF16.
+    Not priced: host-side work (the dispatcher's device-to-host synchronisations for the
+    split sizes, kernel launches), which CUDA graphs hide in some published runs and not in
+    others.
+    """
+    layer = dict(tensor_parallel=tensor_parallel, recompute=recompute)
+    mlp = set(gemm.LAYER_GEMM_GROUPS["MLP"])
+    attention_gemms = [g for g in gemm.transformer_layer_gemms(seq_len, micro_batch, d_model,
+                                                                n_heads, **layer)
+                       if g.name not in mlp]
+    attention_kernels = [k for k in gemm.transformer_layer_elementwise(
+        seq_len, micro_batch, d_model, n_heads, sequence_parallel=sequence_parallel, **layer)
+        if k.name != "gelu"]
+    linear = _linear_gpu(gpu, precision)
+    scores = set(gemm.LAYER_GEMM_GROUPS["attention"])
+    attention_s = (sum(gemm.gemm_time_s(g, gpu if g.name in scores else linear)
+                       for g in attention_gemms)
+                   + sum(k.hbm_bytes for k in attention_kernels) / gpu.hbm_bytes_per_s)
+    experts_s = sum(gemm.grouped_gemm_time_s(g, local_experts, linear)
+                    for g in gemm.expert_mlp_gemms(rows, d_model, spec.expert_mlp_width,
+                                                   **layer))
+    router_s = sum(gemm.gemm_time_s(g, gpu)
+                   for g in gemm.router_gemms(routed_tokens, d_model, spec.n_experts))
+    kernels = gemm.moe_elementwise(routed_tokens, d_model, spec.expert_mlp_width,
+                                   top_k=spec.top_k, n_experts=spec.n_experts,
+                                   received_rows=rows * local_experts,
+                                   local_experts=local_experts, **layer)
+    kernels_s = sum(k.hbm_bytes for k in kernels) / gpu.hbm_bytes_per_s
+    return attention_s / context_parallel + experts_s + router_s + kernels_s
+
+
+def _linear_gpu(gpu: hardware.GPU, precision: str) -> hardware.GPU:
+    """The GPU the linear GEMMs run on: ``gpu`` in BF16; in FP8 the same GPU with its FP8
+    peak in place of the BF16 one (:func:`clusterlab.catalog.hardware.peak_flops`)."""
+    if precision == "bf16":
+        return gpu
+    return replace(gpu, bf16_flops=hardware.peak_flops(gpu, precision="fp8"))
 
 
 @functools.lru_cache(maxsize=4096)   # a layout search prices the same layer many times
@@ -529,7 +621,7 @@ def _layer_time_s(gpu: hardware.GPU, precision: str, seq_len: int, micro_batch: 
     if precision == "bf16":
         return gemm.transformer_layer_time_s(gpu, seq_len, micro_batch, d_model, n_heads,
                                              sequence_parallel=sequence_parallel, **shape)
-    fp8 = replace(gpu, bf16_flops=hardware.peak_flops(gpu, precision="fp8"))
+    fp8 = _linear_gpu(gpu, precision)
     attention = set(gemm.LAYER_GEMM_GROUPS["attention"])
     gemms = gemm.transformer_layer_gemms(seq_len, micro_batch, d_model, n_heads, **shape)
     kernels = gemm.transformer_layer_elementwise(seq_len, micro_batch, d_model, n_heads,

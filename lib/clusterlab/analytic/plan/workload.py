@@ -59,6 +59,13 @@ class MoE:
     #: slots per expert, C = ceil(capacity_factor * T k / E) of a device's T tokens: the size
     #: of the dispatch buffers the all-to-alls carry (clusterlab.device.parallel.experts)
     capacity_factor: float = 1.0
+    #: the busiest expert's tokens over the mean (max / mean, >= 1): the GPU that holds it
+    #: computes its experts at that many times the mean rows and sets the layer's pace. 1.0:
+    #: balanced, as the published benchmarks force it (Megatron-Bridge's performance summary:
+    #: "we force-balance the token distribution among experts"); a run whose router is balanced
+    #: only by an auxiliary loss gives the max / mean its paper measured. The all-to-all's
+    #: buffers stay ``capacity_factor``'s (a dropless run with imbalance needs one >= it).
+    load_imbalance: float = 1.0
 
     def __post_init__(self) -> None:
         count("n_experts", self.n_experts)
@@ -71,6 +78,9 @@ class MoE:
                              f"token cannot run more experts than there are; give top_k <= "
                              f"n_experts.")
         positive("capacity_factor", self.capacity_factor)
+        if not number("load_imbalance", self.load_imbalance) >= 1:
+            raise ValueError(f"load_imbalance is the busiest expert's tokens over the mean, at "
+                             f"least 1 (1.0: balanced); got {self.load_imbalance}.")
 
 
 @dataclass(frozen=True)

@@ -1,11 +1,20 @@
-"""Published mixture-of-experts training throughputs in BF16 on H100, the rows the planner's
-expert terms are held to.
+"""Published mixture-of-experts training throughputs in BF16, the rows the planner's expert
+terms are held to.
 
-Both rows are GPT-OSS 120B pretraining on 64 H100 (DGX-H100) in NVIDIA's Megatron-Bridge
-performance summary (``docs/performance-summary-archive.md`` of NVIDIA-NeMo/Megatron-Bridge,
-https://docs.nvidia.com/nemo/megatron-bridge/latest/performance-summary-archive.html): the
-"25.11 NeMo Container" and "26.02 NeMo Container" tables, BF16, synthetic data, the token
-distribution force-balanced over the experts and no token dropped (the page's note).
+Every row is GPT-OSS 120B pretraining on 64 GPUs in NVIDIA's Megatron-Bridge performance
+summary (``docs/performance-summary-archive.md`` of NVIDIA-NeMo/Megatron-Bridge,
+https://docs.nvidia.com/nemo/megatron-bridge/latest/performance-summary-archive.html), BF16,
+synthetic data, the token distribution force-balanced over the experts and no token dropped
+(the page's note: "we force-balance the token distribution among experts and all benchmarks
+are token-dropless"): on DGX-H100 in the "25.11 NeMo Container" and "26.02 NeMo Container"
+tables, and on DGX-B200, DGX-GB200 and DGX-GB300 in the 25.11 table (its per-system
+sub-tables). The H100 rows of the 26.02.01, 26.04 and 26.04.01 tables repeat the 26.02 layout
+(5,984, 5,810 and 5,824 tokens/s per GPU) and are left out as repeats.
+
+A DGX-GB200 or DGX-GB300 is an NVL72 rack of 4-GPU compute trays in one NVLink domain; the
+page does not say where its 64 GPUs sat. The rows take them as 16 trays of one rack, one
+NVLink domain of 64 (what their expert parallelism of 64, one expert group over the whole job,
+suggests).
 
 The model (OpenAI's gpt-oss-120b config.json): 36 layers of width 2880, 64 query heads and 8
 key/value heads of 64, 128 experts of a 2880-wide gated MLP, top 4, vocabulary 201,088. Two
@@ -20,7 +29,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-SOURCE = ("NVIDIA Megatron-Bridge performance summary archive, DGX-H100, BF16 "
+SOURCE = ("NVIDIA Megatron-Bridge performance summary archive, BF16 "
           "(docs/performance-summary-archive.md)")
 
 
@@ -39,6 +48,11 @@ class MoeRun(NamedTuple):
     tokens_per_s_per_gpu: float
     gpu: str = "H100"
     source: str = SOURCE
+    gpus_per_node: int = 8       # GPUs of one host (a DGX node, or a 4-GPU NVL72 tray)
+    #: GPUs of one NVLink domain spanning hosts (an NVL72 rack's share the run used); None:
+    #: the domain ends at the host
+    nvlink_domain_gpus: int | None = None
+    fabric_link: str = "IB-NDR"  # the NIC between hosts (hardware.LINKS)
 
     @property
     def dp(self) -> int:
@@ -52,4 +66,9 @@ GPT_OSS_120B_SHAPE = (36, 2880, 64, 8, 128, 4, 2880, 201_088)
 ROWS: tuple[MoeRun, ...] = (
     MoeRun("GPT-OSS 120B", "25.11", 64, 512, 4, 4096, 1, 4, 8, 5630),
     MoeRun("GPT-OSS 120B", "26.02", 64, 1280, 1, 4096, 1, 4, 8, 5993),
+    MoeRun("GPT-OSS 120B", "25.11", 64, 512, 4, 4096, 1, 1, 8, 8213, gpu="B200"),
+    MoeRun("GPT-OSS 120B", "25.11", 64, 1280, 1, 8192, 1, 1, 64, 15876, gpu="GB200",
+           gpus_per_node=4, nvlink_domain_gpus=64),
+    MoeRun("GPT-OSS 120B", "25.11", 64, 1280, 2, 8192, 1, 1, 64, 18347, gpu="GB300",
+           gpus_per_node=4, nvlink_domain_gpus=64, fabric_link="IB-XDR"),
 )

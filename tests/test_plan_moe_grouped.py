@@ -1,0 +1,174 @@
+"""Mixtures of experts priced as grouped GEMMs (issue 38, items 4 and 5): the experts of a GPU
+as Transformer Engine's grouped GEMM of the rows each expert receives, the router and the
+dispatcher's permutations by their bytes, the busiest expert's load as the pace
+(``MoE.load_imbalance``), the all-to-all on NVLink inside a rack's NVLink domain, and the
+published GPT-OSS 120B rows (clusterlab.catalog.published.moe_runs) with their signed errors.
+
+No row sets a parameter: the load imbalance of every row is 1.0 because the benchmarks force
+the balance (the summary's note), and nothing else is read from the rows.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import pytest
+
+from clusterlab.analytic import gemm, plan
+from clusterlab.analytic.plan import prediction, validation
+from clusterlab.catalog import hardware
+from clusterlab.catalog.published import moe_runs
+
+H100 = hardware.gpu("H100")
+MIXTRAL_MOE = plan.MoE(n_experts=8, top_k=2, expert_mlp_width=14336)
+MIXTRAL = plan.Workload(46.7e9, 4096, 512, n_tokens=1e12, n_layers=32, d_model=4096,
+                        n_heads=32, n_kv_heads=8, moe=MIXTRAL_MOE)
+
+#: the published GPT-OSS 120B rows' errors, (predicted - published) / published, with the
+#: experts priced as grouped GEMMs (in moe_runs.ROWS's order)
+ERRORS = {"GPT-OSS 120B, 64 H100, NeMo 25.11": 0.653,
+          "GPT-OSS 120B, 64 H100, NeMo 26.02": 0.863,
+          "GPT-OSS 120B, 64 B200, NeMo 25.11": 1.282,
+          "GPT-OSS 120B, 64 GB200, NeMo 25.11": 0.971,
+          "GPT-OSS 120B, 64 GB300, NeMo 25.11": 0.733}
+
+
+# --- the grouped GEMM -----------------------------------------------------------------------
+
+def _tile_s(k: int) -> float:
+    """One 256 x 128 tile of depth k on one of the H100's 132 SMs at the MAMF ceiling."""
+    return 2 * 256 * 128 * k / (H100.bf16_flops * gemm.matmul_ceiling(H100) / H100.sm_count)
+
+
+def test_grouped_gemm_runs_four_experts_at_a_time_in_shared_waves():
+    """GPT-OSS's fc1 of one expert over 1,024 rows: 4 x 45 = 180 tiles. Alone it takes two
+    waves of 132 SMs; four on Transformer Engine's four streams share 6 waves (720 tiles);
+    sixteen at once would share 22 (2,880 tiles)."""
+    fc1 = gemm.Gemm("expert_fc1", 1024, 5760, 2880)
+    separate = gemm.grouped_gemm_time_s(fc1, 16, H100, streams=1)
+    grouped = gemm.grouped_gemm_time_s(fc1, 16, H100)
+    pooled = gemm.grouped_gemm_time_s(fc1, 16, H100, streams=16)
+    assert separate == pytest.approx(16 * 2 * _tile_s(2880), rel=1e-12)
+    assert grouped == pytest.approx(4 * 6 * _tile_s(2880), rel=1e-12)
+    assert pooled == pytest.approx(22 * _tile_s(2880), rel=1e-12)
+    assert pooled < grouped < separate
+    # a last round of two: 4 + 2 experts
+    assert gemm.grouped_gemm_time_s(fc1, 6, H100) == pytest.approx(
+        gemm.gemm_time_s(replace(fc1, batch=4), H100)
+        + gemm.gemm_time_s(replace(fc1, batch=2), H100), rel=1e-12)
+    assert gemm.GROUPED_GEMM_STREAMS == 4
+    print(f"16 experts x 1,024 rows: {separate * 1e3:.3f} ms one at a time, {grouped * 1e3:.3f} "
+          f"ms four at a time, {pooled * 1e3:.3f} ms all at once")
+    with pytest.raises(ValueError, match="n_gemms"):
+        gemm.grouped_gemm_time_s(fc1, 0, H100)
+
+
+@pytest.mark.parametrize("recompute, passes", [("flash", 3), ("selective", 3), ("full", 4),
+                                               ("flash_full", 4)])
+def test_expert_gemms_count_a_gated_mlps_flops(recompute, passes):
+    """fc1 (gate and up) and fc2 hold a gated expert's 3 d f weights: 6 d f / t FLOPs a row
+    forward, the same for dgrad and for wgrad, once more when the forward is recomputed."""
+    gemms = gemm.expert_mlp_gemms(1000, 2880, 2880, tensor_parallel=2, recompute=recompute)
+    assert sum(g.flops for g in gemms) == pytest.approx(passes * 1000 * 6 * 2880 * 2880 / 2)
+    assert {g.name for g in gemms} == {"expert_fc1", "expert_fc2"}
+    with pytest.raises(ValueError, match="rows"):
+        gemm.expert_mlp_gemms(0, 2880, 2880)
+
+
+def test_router_gemms_are_the_logits_and_their_gradients():
+    gemms = gemm.router_gemms(4096, 2880, 128)
+    assert [g.pass_ for g in gemms] == ["forward", "dgrad", "wgrad"]
+    assert sum(g.flops for g in gemms) == 3 * 2 * 4096 * 2880 * 128
+
+
+def test_moe_kernels_move_the_bytes_of_the_dispatcher_and_the_activation():
+    """A hand count: 4 tokens of width 8, top-2 of 4 experts, 6 rows received by 2 local
+    experts of width 16. Forward: router softmax and top-k 2 x 4 x 16 logits = 128 bytes;
+    permutation 1 (read 32, write 64 values) and permutation 2 (read and write 48) = 384 bytes,
+    the combine's mirror the same; the activation reads 6 x 32 and writes 6 x 16 values (576).
+    Backward: the same, the activation 6 x 80 values (960)."""
+    args = dict(top_k=2, n_experts=4, received_rows=6, local_experts=2)
+    kernels = gemm.moe_elementwise(4, 8, 16, **args)
+    by_pass = {p: sum(k.hbm_bytes for k in kernels if k.pass_ == p) for p in ("forward", "dgrad")}
+    assert by_pass == {"forward": 128 + 384 + 384 + 576, "dgrad": 128 + 384 + 384 + 960}
+    full = gemm.moe_elementwise(4, 8, 16, recompute="full", **args)
+    assert sum(k.hbm_bytes for k in full) == 1472 + 1856 + 1472
+    # one local expert: no permutation 2 (Megatron Core sorts only with several)
+    one = gemm.moe_elementwise(4, 8, 16, **(args | dict(local_experts=1)))
+    assert sum(k.hbm_bytes for k in one) == (128 + 192 + 192 + 576) + (128 + 192 + 192 + 960)
+
+
+# --- the planner's MoE layer -----------------------------------------------------------------
+
+def test_load_imbalance_makes_the_busiest_expert_the_pace():
+    c = plan.cluster("H100", 64, storage_read_bytes_per_s=1e12)
+    layout = plan.Layout(dp=8, tp=8, ep=8)
+    balanced = plan.predict(MIXTRAL, c, layout)
+    skewed_workload = replace(MIXTRAL, moe=replace(MIXTRAL_MOE, load_imbalance=1.5))
+    skewed = plan.predict(skewed_workload, c, layout)
+    assert prediction.expert_rows(MIXTRAL, layout) == 8 * 4096 * 2 // 8
+    assert prediction.expert_rows(skewed_workload, layout) == math.ceil(1.5 * 8192)
+    assert skewed.compute_s > balanced.compute_s
+    # the all-to-alls keep capacity_factor's buffers: only the experts' rows grow
+    assert skewed.ep_comm_s == balanced.ep_comm_s
+    assert MIXTRAL_MOE.load_imbalance == 1.0
+    with pytest.raises(ValueError, match="at least 1 \\(1.0: balanced\\)"):
+        plan.MoE(8, 2, 14336, load_imbalance=0.9)
+    with pytest.raises(ValueError, match="Workload.moe"):
+        prediction.expert_rows(replace(MIXTRAL, n_params=8e9, moe=None), layout)
+    print(f"compute {balanced.compute_s:.2f} s balanced, {skewed.compute_s:.2f} s with the "
+          f"busiest expert at 1.5 x the mean")
+
+
+def test_dense_layers_do_not_see_the_experts_pricing():
+    """A dense model's compute is transformer_layer_time_s per layer, as before experts."""
+    dense = plan.Workload(8e9, 4096, 512, n_layers=32, d_model=4096, n_heads=32)
+    c = plan.cluster("H100", 64, storage_read_bytes_per_s=1e12)
+    predicted = plan.predict(dense, c, plan.Layout(dp=64))
+    layer_s = gemm.transformer_layer_time_s(H100, 4096, 1, 4096, 32, ffn_hidden=dense.mlp_width)
+    assert predicted.compute_s == pytest.approx(8 * 32 * layer_s, rel=1e-12)
+
+
+def _gb200_plan(nvlink_domain_gpus: int | None) -> plan.Plan:
+    run = next(r for r in moe_runs.ROWS if r.gpu == "GB200")
+    return validation.moe_plan(run._replace(nvlink_domain_gpus=nvlink_domain_gpus))
+
+
+def test_expert_all_to_all_stays_on_nvlink_inside_a_racks_domain():
+    """GPT-OSS on 64 GB200 with ep 64: one all-to-all over 16 trays of 4. Inside the rack's
+    NVLink domain NCCL prices it over NVLink; were the domain to end at each tray, 60 of every
+    64 peers would be across the NICs."""
+    rack, trays = _gb200_plan(64), _gb200_plan(None)
+    assert rack.ep_estimate.bottleneck == "NVLink"
+    assert trays.ep_estimate.bottleneck == "network"
+    assert trays.ep_comm_s > 2 * rack.ep_comm_s
+    assert rack.ep_estimate.validation == "untested"      # no published all-to-all row
+    print(f"ep all-to-alls {rack.ep_comm_s:.3f} s per step in the NVLink domain, "
+          f"{trays.ep_comm_s:.3f} s across the NICs")
+
+
+# --- the published rows ----------------------------------------------------------------------
+
+def test_moe_rows_are_reported_apart_and_still_too_fast():
+    """Every GPT-OSS 120B row is predicted too fast, by 65% to 128%: the grouped GEMMs, the
+    router and the permutations are priced, the load is balanced by the benchmarks, the
+    all-to-alls are on NVLink, and what is left is not priced (host-side work: kernel launches
+    and the dispatcher's device-to-host synchronisations). The B200 row shows it: the planner
+    makes B200 2.0 times the H100 on the same batch, micro-batch and ep; the published runs
+    differ by 1.46. No goal holds for a mixture of experts."""
+    rows = validation.moe_validation_table()
+    assert {r.run: r.error for r in rows} == {
+        run: pytest.approx(error, abs=0.005) for run, error in ERRORS.items()}
+    assert not any(r.sets_parameter for r in rows)
+    (summary,) = validation.source_summary(rows)
+    assert summary["kind"] == "moe" and summary["rows"] == 5
+    assert summary["lowest"] > validation.ROW_GOAL
+    h100, b200 = rows[0], rows[2]
+    assert b200.predicted / h100.predicted == pytest.approx(2.01, abs=0.01)
+    assert b200.published / h100.published == pytest.approx(1.46, abs=0.01)
+    first, *others = rows
+    assert not first.fits and "does not say what the run recomputed" in first.memory_note
+    assert all(r.fits and r.memory_note == "" for r in others)
+    print(validation.format_validation_table(rows))
+    print(validation.format_source_summary([summary]))
