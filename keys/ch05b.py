@@ -3,9 +3,7 @@
 Each expected value is computed here as the chapter's solution computes it.
 """
 
-import numpy as np
-
-from clusterlab.analytic import costmodel, flops, moe
+from clusterlab.analytic import costmodel, flops
 from clusterlab.catalog import hardware
 from clusterlab.course import grading
 from clusterlab.device.parallel import context
@@ -25,26 +23,22 @@ def _tensor_parallel_overlap(mfu: float = 0.3) -> tuple[float, float]:
     return comm_s / (comm_s + compute_s), (comm_s + compute_s) / max(comm_s, compute_s)
 
 
-def _capacity(n_experts: int = 16, k: int = 2, tokens: int = 480) -> tuple[int, int, float]:
-    to_hot = tokens * k // 4                                   # a quarter of the assignments
-    cold = 1 + np.arange(tokens * k - to_hot) % (n_experts - 1)  # the rest cycle over 1..15
-    routed = np.concatenate([np.stack([np.zeros(to_hot, int), cold[:to_hot]], axis=1),
-                             cold[to_hot:].reshape(-1, k)])
-    dropped, slots = [], []
-    for factor in (1.0, 1.5):
-        capacity = moe.expert_capacity(tokens, n_experts=n_experts, top_k=k,
-                                       capacity_factor=factor)
-        dropped.append(moe.predicted_dropped(routed, capacity, n_experts))
-        slots.append(n_experts * capacity)
-    return dropped[0], dropped[1], slots[1] / slots[0]
-
-
 def _ring_across_nodes() -> tuple[float, float]:
     gqa = dict(n_heads=LLAMA_HEADS, n_kv_heads=LLAMA_KV_HEADS)
     across = context.ring_overlap_min_block_tokens(
         H100.bf16_flops, hardware.link("IB-NDR").bytes_per_s, **gqa)
     return across, across / context.ring_overlap_min_block_tokens(
         H100.bf16_flops, NVLINK4.bytes_per_s, **gqa)
+
+
+def _ring_backward(c: int = 16, seq: int = 131072, head_dim: int = 128) -> tuple[float, float]:
+    backward = context.ring_attention_backward_traffic(1, seq, LLAMA_KV_HEADS, head_dim, c,
+                                                       bytes_per_element=2,
+                                                       grad_bytes_per_element=4)
+    forward = context.ring_attention_traffic(1, seq, LLAMA_KV_HEADS, head_dim, c,
+                                             bytes_per_element=2)
+    return (backward.sent_bytes_per_device / 1e6,
+            backward.sent_bytes_per_device / forward.sent_bytes_per_device)
 
 
 KEY = {
@@ -54,13 +48,13 @@ KEY = {
         hint="Only the compute time changes: the layer's FLOPs over t GPUs at 30 % of the "
              "bf16 peak. Hidden, the layer takes the longer of compute and communication."),
     "ch05b.2": grading.close(
-        _capacity(), rtol=1e-3,    # tight enough to pin the counts
-        name="(assignments dropped at factor 1.0, dropped at 1.5, buffer growth factor)",
-        hint="Capacity is ceil(c T k / E) per expert; only expert 0 overflows, by its "
-             "assignments beyond capacity; each buffer holds E times capacity slots."),
-    "ch05b.3": grading.close(
         _ring_across_nodes(), rtol=1e-2,
         name="(tokens per GPU across nodes, times the NVLink figure)",
         hint="context.ring_overlap_min_block_tokens with the IB-NDR port's bandwidth and the "
              "grouped key-value heads; only the link changes from the NVLink case."),
+    "ch05b.3": grading.close(
+        _ring_backward(), rtol=1e-2,
+        name="(MB each GPU sends per layer in the backward pass, times the forward's bytes)",
+        hint="c - 1 key-value blocks in bf16 and c gradient blocks in FP32, each block "
+             "2 (s/c) a_kv h_head values; the forward sends only the c - 1 key-value blocks."),
 }
