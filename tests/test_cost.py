@@ -168,3 +168,17 @@ def test_bad_input_is_refused_with_a_message_that_names_it(call, message):
     with pytest.raises(ValueError, match=message):
         call()
     print(f"refused: {message}")
+
+
+def test_the_chapter_08c_key_agrees_with_the_values_the_chapter_computes():
+    from clusterlab.course import grading, student
+
+    chapter = ROOT / "chapters" / "08c-what-a-run-costs.md"
+    answers = {"ch08c.1": ["ex_c8c_even_3y", "ex_c8c_even_6y"],
+               "ch08c.2": ["ex_c8c_loss_rule", "ex_c8c_loss_fit", "ex_c8c_loss_7b"]}
+    glued = student.glued_values(chapter, [n for names in answers.values() for n in names])
+    key = grading.load_key(ROOT / "keys" / "ch08c.py")
+    for exercise_id, names in answers.items():
+        assert [float(glued[n]) for n in names] == pytest.approx(key[exercise_id].expected,
+                                                                 rel=1e-9), exercise_id
+    print(f"keys/ch08c.py agrees with the chapter's own {sum(map(len, answers.values()))} values")

@@ -47,7 +47,7 @@ __all__ = ["HOURS_PER_YEAR", "CHINCHILLA_TOKENS_PER_PARAM", "USD_PER_KWH_VIRGINI
 HOURS_PER_YEAR = 365.25 * 24
 
 #: Training tokens per parameter at the compute-optimal point: Chinchilla, 70B parameters on
-#: 1.4T tokens; Hoffmann et al. 2022, Table 3, gives 20 to 22 over 400M to 10T parameters.
+#: 1.4T tokens; Hoffmann et al. 2022, Table 3, gives 20 to 22.4 over 400M to 10T parameters.
 CHINCHILLA_TOKENS_PER_PARAM = 20.0
 
 #: Average price of electricity to industrial customers in Virginia in 2023, 8.92 US cents per
@@ -245,7 +245,7 @@ def compute_optimal_by_ratio(compute_flops: float, *,
         The :class:`Allocation`.
 
     References:
-        Hoffmann et al. 2022, Table 3 (20 to 22 tokens per parameter).
+        Hoffmann et al. 2022, Table 3 (20 to 22.4 tokens per parameter).
     """
     budget = positive("compute_flops", compute_flops)
     ratio = positive("tokens_per_param", tokens_per_param)
