@@ -220,3 +220,30 @@ def test_every_moe_row_is_closer_than_with_one_balanced_mlp(tmp_path):
         assert 0.04 < before[row] - error < 0.12, (row, before[row], error)
     for row in after:
         print(f"{row}: {before[row]:+.1%} before, {after[row]:+.1%} after")
+
+
+def test_the_unpriced_time_grows_with_tokens_and_a_faster_gpu_does_not_shrink_it():
+    """Where the rest is: the published step less the predicted one, per layer pass on the
+    critical path. H100, 26.02: 1,280 x 4,096 tokens / (5,993 x 64) = 13.67 s published, 83 x 9
+    passes (80 micro-batches, 4 stages). On H100 it grows from 8.5 ms (4,096 tokens a
+    micro-batch) to 23 ms (16,384); on B200 at the H100 25.11 row's batch, micro-batch and ep it
+    is larger still (31 ms), so it is not a term that a faster GPU shrinks."""
+    rows = {r.run: r for r in validation.moe_validation_table()}
+    h100_mb4, h100_mb1, b200 = (rows[f"GPT-OSS 120B, 64 {gpu}, NeMo {release}"]
+                                for gpu, release in (("H100", "25.11"), ("H100", "26.02"),
+                                                     ("B200", "25.11")))
+    published_step_s = 1280 * 4096 / (5993 * 64)
+    assert validation.unpriced_s_per_layer_pass(h100_mb1) == pytest.approx(
+        (published_step_s - h100_mb1.plan.step_s) / (83 * 9), rel=1e-12)
+    seconds = {name: validation.unpriced_s_per_layer_pass(r)
+               for name, r in (("H100 mb1", h100_mb1), ("H100 mb4", h100_mb4), ("B200", b200))}
+    assert seconds["H100 mb1"] == pytest.approx(8.5e-3, abs=0.1e-3)
+    assert seconds["H100 mb4"] == pytest.approx(23.2e-3, abs=0.1e-3)
+    assert seconds["B200"] == pytest.approx(31.1e-3, abs=0.1e-3)
+    print({name: f"{s * 1e3:.1f} ms" for name, s in seconds.items()})
+    with pytest.raises(ValueError, match="needs a 'tokens/s per GPU' row"):
+        validation.unpriced_s_per_layer_pass(validation.validation_table()[0])
+    interleaved = next(r for r in validation.fp8_validation_table()
+                       if r.plan.layout.virtual_stages > 1)
+    with pytest.raises(ValueError, match="interleaves its pipeline"):
+        validation.unpriced_s_per_layer_pass(interleaved)

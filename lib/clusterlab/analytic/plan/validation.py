@@ -23,7 +23,9 @@ The rows:
 FP8 training is held apart (:func:`fp8_validation_table`): three Llama 3 runs on H100 from
 NVIDIA's Megatron-Bridge performance summary (:mod:`clusterlab.catalog.published.fp8_runs`).
 Mixtures of experts too (:func:`moe_validation_table`): GPT-OSS 120B on 64 H100, B200,
-GB200 and GB300 in BF16 (:mod:`clusterlab.catalog.published.moe_runs`).
+GB200 and GB300 in BF16 (:mod:`clusterlab.catalog.published.moe_runs`);
+:func:`unpriced_s_per_layer_pass` says how much time per layer pass a throughput row leaves
+unexplained.
 
 Vocabularies (the output layer, priced on the last pipeline stage): Megatron-LM's GPT models
 51,200 (Narayanan et al. 2021, section 5.1; Korthikanti et al. train the same models), PaLM
@@ -262,6 +264,29 @@ def moe_validation_table() -> list[ValidationRow]:
                                   tokens_per_s_per_gpu(predicted), "MoE", "megatron_bridge_perf",
                                   False, predicted, unstated_memory_note(predicted)))
     return rows
+
+
+def unpriced_s_per_layer_pass(row: ValidationRow) -> float:
+    """Seconds per layer pass the planner leaves out of a throughput row: the published step
+    less the predicted one, over the layer passes on a step's critical path (one micro-batch's
+    forward and backward through one layer; ``(m + p - 1) L / p`` of them in a 1F1B pipeline
+    of ``p`` stages and ``m`` micro-batches, fill and drain included). It locates what is
+    missing, on the assumption that it rides on every layer pass; it prices nothing.
+
+    Raises:
+        ValueError: for a row that is not a tokens-per-second row, or an interleaved layout.
+    """
+    if row.metric != TOKENS_METRIC:
+        raise ValueError(f"unpriced_s_per_layer_pass needs a {TOKENS_METRIC!r} row (its step "
+                         f"follows from the throughput); {row.run!r} is {row.metric!r}.")
+    plan = row.plan
+    layout, workload = plan.layout, plan.workload
+    if layout.virtual_stages > 1:
+        raise ValueError(f"{row.run!r} interleaves its pipeline; count its passes by hand.")
+    published_step_s = workload.tokens_per_step / (row.published * plan.hardware.n_gpus)
+    microbatches = workload.global_batch // (layout.dp * layout.micro_batch)
+    passes = (microbatches + layout.pp - 1) * workload.shape[0] / layout.pp
+    return (published_step_s - plan.step_s) / passes
 
 
 def validation_table() -> list[ValidationRow]:
