@@ -912,7 +912,8 @@ def predict(workload: Workload, cluster: ClusterSpec, layout: Layout,
     * compute (:func:`_compute_s`): each layer's GEMMs by shape and its element-wise kernels by
       bytes (:mod:`clusterlab.analytic.gemm`), or the step's FLOPs at a given
       ``compute_efficiency``; the last stage's, with the output layer when the workload has a
-      vocabulary;
+      vocabulary; an MoE layer's experts as grouped GEMMs on the busiest GPU, with its router
+      and token permutations (:func:`_moe_layer_time_s`);
     * tensor parallel: Megatron's all-reduces per layer, each by
       :func:`clusterlab.analytic.costmodel.cluster_collective` on the ``tp`` GPUs of a node;
     * expert parallel (ep > 1): per MoE layer two all-to-alls forward and two backward of the
