@@ -270,6 +270,7 @@ KEY["lab04.6"] = grading.code(
     hint="All-gather the tokens before the column-parallel matmul, reduce-scatter the "
          "row-parallel output over the tokens: no all-reduce.",
     exports=[_sequence_export(case) for case in _SEQUENCE_CASES],
-    # not tensor.all_gather_matmul and its kin: make_column_matmul hands them to shard_map, so
-    # JAX, not the library, calls them, and withholding them would refuse the lab's own cells
-    references=[_MLP_BLOCK])
+    # the block, and the library's sequence-parallel matmuls it would be built from
+    references=[_MLP_BLOCK, *(f"clusterlab.device.parallel.tensor.{name}" for name in (
+        "all_gather_matmul", "collective_matmul", "matmul_reduce_scatter",
+        "collective_matmul_reduce_scatter"))])

@@ -116,8 +116,9 @@ KEY["lab13.4"] = grading.code(
     exports=[grading.Export(args=[((c.devices * c.n_experts, c.capacity, c.d_model),
                                    "float32")], n_devices=c.devices, wrap="shard_map",
                             axis=_AXIS) for c in _CASES])
-# no references: the library's all-to-all sits inside experts._local_moe, which returns the
-# layer's output, not the dispatched buffer
+# no references: the library's dispatch is two lines inside experts._local_moe (its all-to-all
+# and the reshape after it), which returns the layer's output, never the dispatched buffer; the
+# all-to-all itself is jax.lax.all_to_all, the collective the exercise asks for
 
 
 # ---- lab13.5: the combine, from the experts' buffers back to the tokens ----------------------
@@ -239,6 +240,8 @@ KEY["lab13.5"] = grading.code(
     exports=[grading.Export(args=[((s.n_experts, s.capacity, s.d_model), "float32"),
                                   ((s.tokens, s.top_k), "int32"),
                                   ((s.tokens, s.top_k), "float32")], n_devices=1, wrap="jit")
-             for s in _SHAPES])
-# no references: experts.DISPATCH_COMBINE.combine and experts.masks need the slot positions the
-# exercise asks for, and the lab's own cells call them, so a refusal would stop those cells
+             for s in _SHAPES],
+    # the slots (route), the masks built from them and the layer's combine
+    # (DISPATCH_COMBINE.combine is experts._combine)
+    references=[f"clusterlab.device.parallel.experts.{name}" for name in ("route", "masks",
+                                                                          "_combine")])

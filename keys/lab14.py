@@ -203,7 +203,7 @@ KEY = {
         hint="At ring step s you hold block i - s: rebuild its probabilities as exp(scores - "
              "lse) under the causal mask, add its share to dq, dk and dv, then pass k, v and "
              "their gradients on.",
-        exports=[case.export() for case in _GRADIENT_CASES + _MEMORY_CASES]),
-    # no references: jax.vjp of context.ring_attention is the shortcut, but make_ring_attention
-    # hands it to shard_map, so JAX calls it and a refusal would stop the lab's own ring cells
+        exports=[case.export() for case in _GRADIENT_CASES + _MEMORY_CASES],
+        # jax.vjp of the library's ring is the shortcut the exercise forbids
+        references=["clusterlab.device.parallel.context.ring_attention"]),
 }

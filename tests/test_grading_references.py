@@ -1,10 +1,14 @@
 """The references are out of reach (issue 37, item 2), graded through grading.main as
 ``make grade`` calls it, on lab 02's ring assignment (keys/lab02.py).
 
-- In the sandbox the library's own ring functions refuse a notebook's calls, also after a
-  reload of their module; the honest submission graded after the one calling them keeps its
-  marks, and a submission that uses the library's ring all-reduce (which calls them from
-  inside the library) is graded as usual.
+- In the sandbox the library's own ring functions refuse a notebook's answer, handed over as
+  the answer itself or called after a reload of their module; the honest submission graded after
+  the one calling them keeps its marks, and a submission that uses the library's ring all-reduce
+  (which calls them from inside the library) is graded as usual.
+- The same for labs 04, 13 and 14 in one batch: the library's sequence-parallel matmuls, the
+  layer's routing, masks and combine, and its ring attention (which JAX, not the notebook, calls
+  inside ``shard_map``) refuse the answers that call them, while the lab's own cells that use
+  them run; each honest submission after a cheat keeps its marks.
 - The hidden inputs are drawn afresh each run: a table of outputs built for one run's seed
   passes that run (the control that the table is right) and fails the next.
 - Every key's code exercises: each names the library's functions to withhold (the sandbox can
@@ -16,15 +20,17 @@ from __future__ import annotations
 
 import ast
 import csv
+import dataclasses
 import importlib.util
 import os
 from pathlib import Path
 
 import jax
+import nbformat
 import numpy as np
 import pytest
 
-from assignment_support import KEYS, key_module, lab_sources
+from assignment_support import KEYS, code_after, key_module, lab_sources
 from clusterlab.course import grading, sandbox
 from conftest import fixture_submission
 from test_grading_security import SMALL
@@ -36,9 +42,7 @@ RING_SOLUTIONS = lab_sources("02", ["lab02-reduce-scatter", "lab02-all-gather"])
 HONEST = [IMPORTS, *RING_SOLUTIONS]
 CALLS_THE_LIBRARY = [
     IMPORTS,
-    "def ring_reduce_scatter(block, axis_name):\n"
-    "    return collectives.ring_reduce_scatter(block, axis_name)\n"
-    "check.answer('lab02.3', ring_reduce_scatter)",
+    "check.answer('lab02.3', collectives.ring_reduce_scatter)   # the library's, handed over",
     "import importlib\ncollectives = importlib.reload(collectives)  # a fresh copy of the module\n"
     "def ring_all_gather(chunk, axis_name):\n"
     "    return collectives.ring_all_gather(chunk, axis_name)\n"
@@ -75,6 +79,90 @@ def test_the_librarys_ring_refuses_a_notebook_and_the_next_keeps_its_marks(tmp_p
     assert points[("cheat", "lab02.3")] == points[("cheat", "lab02.4")] == 0
     assert points[("cheat", "lab02.1")] == 1    # its all-reduce cell ran to check.answer
     assert points[("honest", "lab02.3")] == points[("honest", "lab02.4")] == 1
+
+
+# ---- labs 04, 13, 14: references JAX calls inside shard_map, and the lab's own cells ----------
+
+LAB_IMPORTS = (IMPORTS + "\nfrom clusterlab.analytic import costmodel, moe\n"
+               "from clusterlab.catalog import hardware\n"
+               "from clusterlab.device.parallel import context, experts, tensor")
+# cells as the labs run them (each library function here is withheld while its lab is graded),
+# each then recording a value exercise that is not a recipe: it scores only if the cell ran
+LAB_CELLS = {
+    "04": "mesh = devices.mesh((2,), ('model',), jax.devices()[:2])\n"
+          "print(tensor.make_column_matmul(mesh, 'model', overlap=True)(jnp.ones((4, 2)),\n"
+          "                                                           jnp.ones((2, 4))).shape)\n"
+          + lab_sources("04", ["lab04-overlap"])[1],
+    "13": "routing = experts.route(jnp.eye(4), jnp.eye(4)[jnp.arange(8) % 4], top_k=1, capacity=2)\n"
+          "print(experts.DISPATCH_COMBINE.combine(jnp.ones((4, 2, 3)),\n"
+          "                                       experts.masks(routing, 4, 2)).shape)\n"
+          + lab_sources("13", ["lab13-deepseek-bytes"])[1],
+    "14": "ring = context.make_ring_attention(devices.mesh((2,), ('seq',), jax.devices()[:2]),\n"
+          "                                  'seq', causal=True)\n"
+          "print(ring(*[jnp.ones((1, 4, 1, 2))] * 3)[0].shape)\n"
+          + lab_sources("14", ["lab14-ring-bytes"])[1]}
+LAB_CHEATS = {
+    "04": "def sequence_parallel_mlp(x, w1, b1, w2, b2, axis_name):\n"
+          "    hidden = jax.nn.relu(tensor.all_gather_matmul(x, w1[0], axis_name) + b1[0])\n"
+          "    return x + tensor.matmul_reduce_scatter(hidden, w2[0], axis_name) + b2[0]\n"
+          "check.answer('lab04.6', sequence_parallel_mlp)",
+    # scores that make the course's router pick exactly these experts, best first: its slots,
+    # masks and combine then do the whole exercise
+    "13": "def combine_from_experts(expert_out, expert, weight):\n"
+          "    n_experts, capacity, _ = expert_out.shape\n"
+          "    k = expert.shape[1]\n"
+          "    x = sum((k - j) * 30.0 * jax.nn.one_hot(expert[:, j], n_experts) for j in range(k))\n"
+          "    routing = experts.route(jnp.eye(n_experts), x, top_k=k, capacity=capacity,\n"
+          "                            renormalize=False)._replace(weight=weight)\n"
+          "    return experts.DISPATCH_COMBINE.combine(\n"
+          "        expert_out, experts.masks(routing, n_experts, capacity))\n"
+          "check.answer('lab13.5', combine_from_experts)",
+    "14": "def ring_attention_backward(q, k, v, out, lse, d_out, axis_name):\n"
+          "    _, vjp = jax.vjp(lambda q, k, v: context.ring_attention(\n"
+          "        q[None], k[None], v[None], axis_name, causal=True)[0][0], q, k, v)\n"
+          "    return vjp(d_out)\n"
+          "check.answer('lab14.4', ring_attention_backward)"}
+LAB_HONEST = {
+    "04": lab_sources("04", ["lab04-sequence-parallel"])[1::2],
+    "13": lab_sources("13", ["lab13-combine"])[1::2],
+    "14": [code_after(nbformat.read(next((KEYS.parent / "labs").glob("14-*.ipynb")), as_version=4),
+                      "`with_backward(backward, axis)`"), lab_sources("14", ["lab14-ring-backward"])[1]]}
+# SMALL's limits but CPU time for a lab cell that compiles a ring (about 6 s with JAX's start)
+LAB_LIMITS = dataclasses.replace(SMALL, cpu_s=30)
+# the code exercise each cheat answers, what it calls first, and the value its lab cell records
+LAB_REFUSED = {"04": ("lab04.6", "sequence-parallel MLP block",
+                      "clusterlab.device.parallel.tensor.all_gather_matmul", "lab04.5"),
+               "13": ("lab13.5", "combine", "clusterlab.device.parallel.experts.route", "lab13.2"),
+               "14": ("lab14.4", "ring attention's backward",
+                      "clusterlab.device.parallel.context.ring_attention", "lab14.2")}
+
+
+def test_labs_04_13_14_withhold_what_jax_calls_and_the_next_keeps_its_marks(tmp_path, capsys):
+    # the three keys alone in a folder with no labs/ beside it: their recipes (values the
+    # instructor's lab computes) fail at once instead of running three labs; this test reads
+    # code exercises and values that are not recipes only
+    keys = tmp_path / "keys"
+    keys.mkdir()
+    for lab in LAB_REFUSED:
+        (keys / f"lab{lab}.py").write_text((KEYS / f"lab{lab}.py").read_text())
+    batch = []
+    for lab in LAB_REFUSED:
+        batch += [fixture_submission(tmp_path / f"cheat{lab}", [LAB_IMPORTS, LAB_CELLS[lab],
+                                                                LAB_CHEATS[lab]], f"{lab}-lab.ipynb"),
+                  fixture_submission(tmp_path / f"honest{lab}", [LAB_IMPORTS, *LAB_HONEST[lab]],
+                                     f"{lab}-lab.ipynb")]
+    grades = tmp_path / "grades.csv"
+    grading.main([str(path) for path in batch], key_dir=str(keys), timeout_s=120,
+                 csv_path=str(grades), limits=LAB_LIMITS)
+    out = capsys.readouterr().out
+    print(out)
+    points = _points(grades)
+    for lab, (exercise, name, first_called, cell_value) in LAB_REFUSED.items():
+        assert (f"  {exercise}  ✗ {name}: your function raised ReferenceWithheld: "
+                f"{first_called} {WITHHELD}") in out, lab
+        assert points[(f"cheat{lab}", exercise)] == 0
+        assert points[(f"cheat{lab}", cell_value)] == 1, f"lab {lab}'s own cell did not run"
+        assert points[(f"honest{lab}", exercise)] == 1, f"the honest lab {lab} lost its marks"
 
 
 def _table_submission(folder: Path, seed: int) -> Path:

@@ -42,7 +42,9 @@ How a submission is graded (:func:`grade_notebook`, ``python -m clusterlab grade
    grading run in the instructor's copy of the lab (:func:`reference_values`).
 
 The library's own implementation of what a code exercise asks for (``references`` of
-:func:`code`) refuses a notebook's calls in the sandbox: calling it earns nothing.
+:func:`code`) refuses, in the sandbox, to run for the answers the notebook hands over, whether
+the notebook calls it or JAX does while tracing the notebook's function; the lab's own cells,
+which run before, still use it. Calling it earns nothing.
 
 Whatever the submission runs (a replaced ``judge_all``, a patched ``check``, ``numpy`` or
 ``jax``, a printed verdict line) changes only the data it hands over, never how it is judged.
@@ -139,7 +141,8 @@ class Exercise:
         expected: the expected value, or a recipe ``expected(namespace)`` of the lab's globals.
         exports: for a code exercise, the programs to export.
         references: the course's own implementations of what a code exercise asks for, by
-            qualified name: while a submission is graded they refuse its calls.
+            qualified name: while a submission's answers are exported they refuse to run
+            for them.
     """
 
     name: str
@@ -199,7 +202,8 @@ def code(checker: Callable[[Sequence[Program]], None], *, name: str, hint: str =
         exports: the programs the submission's kernel exports (at least one).
         references: the library's own functions that do what the exercise asks, by qualified
             name (``"clusterlab.device.collectives.ring_reduce_scatter"``): in the grading
-            sandbox they refuse a notebook's calls, so calling one earns nothing
+            sandbox they refuse to run for the notebook's answers (called by the notebook or
+            by JAX for it), so calling one earns nothing
             (:func:`clusterlab.course.sandbox.withheld_binds`).
 
     Raises:

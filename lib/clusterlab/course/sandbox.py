@@ -121,9 +121,11 @@ def _bwrap_command(work: Path, hide: Sequence[Path], binds: Sequence[str] = (),
 def withheld_binds(names: Sequence[str], folder: Path) -> list[str]:
     """bwrap arguments that bind, over each module holding a function of ``names``
     (``"clusterlab.device.collectives.ring_reduce_scatter"``), a copy in ``folder`` whose named
-    functions first call :func:`clusterlab.course.submission.refuse_unless_library`. A module
-    reloaded or executed from its source in the sandbox gets the guarded copy too, and each of
-    its compiled ``__pycache__`` files is hidden (``/dev/null``), so no unguarded code is left.
+    functions first call :func:`clusterlab.course.submission.refuse_unless_library`: while the
+    answers are exported, a call made for the notebook (directly, or by JAX tracing the notebook's
+    function) refuses, and one the library makes itself goes on. A module reloaded or executed
+    from its source in the sandbox gets the guarded copy too, and each of its compiled
+    ``__pycache__`` files is hidden (``/dev/null``), so no unguarded code is left.
 
     Raises:
         ValueError: when a name is not a module-level function of the library.
@@ -227,20 +229,33 @@ def seccomp_unavailable() -> str:
     return ""
 
 
+# what the grader does where no cgroup caps a whole submission, said with what is missing
+_WITHOUT_CGROUP = ("instead each process keeps its own limits (address space, CPU time, file "
+                   "size), processes are counted and /tmp and /dev/shm sized; processes together "
+                   "may use more memory than one process's limit")
+_PROBE_S = 30
+
+
 @functools.cache
 def whole_submission_cap() -> tuple[bool, str]:
     """Whether a cgroup can cap a whole submission's memory and tasks here
     (``systemd-run --scope -p MemoryMax= -p TasksMax=``), and if not, one line saying what is
-    missing; probed once per process."""
+    missing, how to get it and what the grader does instead; probed once per process."""
+    missing = "no memory or task cap over a whole submission"
     if shutil.which("systemd-run") is None:
-        return False, ("no memory or task cap over a whole submission: systemd-run is not "
-                       "installed (apt-get install systemd); each process keeps its own limits")
-    probe = subprocess.run(["systemd-run", "--scope", "--quiet", "-p", "MemoryMax=64M",
-                            "-p", "TasksMax=8", "true"], capture_output=True, text=True)
+        return False, (f"{missing}: systemd-run is not installed (apt-get install systemd, on a "
+                       f"host booted with systemd); {_WITHOUT_CGROUP}")
+    try:
+        probe = subprocess.run(["systemd-run", "--scope", "--quiet", "-p", "MemoryMax=64M",
+                                "-p", "TasksMax=8", "true"], capture_output=True, text=True,
+                               timeout=_PROBE_S)
+    except subprocess.TimeoutExpired:
+        return False, (f"{missing}: systemd-run did not answer within {_PROBE_S} s; "
+                       f"{_WITHOUT_CGROUP}")
     if probe.returncode != 0:
         why = (probe.stderr.strip().splitlines() or [f"status {probe.returncode}"])[0][:160]
-        return False, ("no memory or task cap over a whole submission: systemd-run cannot make "
-                       f"a cgroup here ({why}); each process keeps its own limits")
+        return False, (f"{missing}: systemd-run cannot make a cgroup here ({why}): grade on a "
+                       f"host where systemd runs as PID 1; {_WITHOUT_CGROUP}")
     return True, ""
 
 
@@ -277,7 +292,7 @@ def run_submission(notebook: Path, request: Mapping[str, object], *, cell_timeou
         hide: folders it must not see besides the notebook's own and the home folder.
         limits: its limits (default :class:`Limits`).
         withhold: the course's own solutions of the exercises graded, by qualified name: in
-            the sandbox they refuse a notebook's calls (:func:`withheld_binds`).
+            the sandbox they refuse the notebook's answers (:func:`withheld_binds`).
 
     Returns:
         ``(data, "")``, or ``(None, why)``: one line saying how the submission ended.

@@ -114,33 +114,65 @@ def report(request: str, out_path: str) -> None:
         request: JSON ``{exercise id: [export request, ...]}`` (an empty list for a value).
         out_path: the file the grader reads back.
     """
+    global _exporting
     recorded = answers.recorded_answers()
     asked = json.loads(request)
+    _exporting = True
+    if "jax" in sys.modules:   # no program traced by a cell is reused: each answer is traced anew
+        sys.modules["jax"].clear_caches()
     data = {i: export_answer(recorded[i], exports) for i, exports in asked.items()
             if i in recorded}
     Path(out_path).write_text(json.dumps(data))
 
 
 class ReferenceWithheld(RuntimeError):
-    """A submission called the course's own solution of an exercise being graded."""
+    """A submission's answer called the course's own solution of an exercise being graded."""
+
+
+# True once report() exports the answers: from then on the notebook's code runs only as the
+# functions it recorded, and a withheld function refuses it. Before, the lab's own cells call
+# them (lab 13's public test calls the layer's combine) and run as in the lab.
+_exporting = False
 
 
 def refuse_unless_library(qualified_name: str) -> None:
     """The first statement of a withheld function in the sandbox
-    (:func:`clusterlab.course.sandbox.withheld_binds`): a call from the library itself (the ring
-    all-reduce calling the ring reduce-scatter) goes on; any other caller, a notebook's code or
-    JAX tracing it, gets :class:`ReferenceWithheld` saying why.
+    (:func:`clusterlab.course.sandbox.withheld_binds`). While :func:`report` exports the
+    answers, a call made on behalf of the notebook gets :class:`ReferenceWithheld` saying why;
+    a call the library makes itself (the ring all-reduce calling the ring reduce-scatter,
+    ``context.make_ring_attention``'s program handing ``ring_attention`` to JAX) goes on.
+
+    Who calls is the first frame above the withheld function that is not JAX's (JAX traces
+    through frames of its own between ``shard_map`` and the function it runs). It
+    must be a module of the library outside ``clusterlab.course``: the course's export code
+    calls whatever function the notebook recorded, the library's own included.
 
     Raises:
-        ReferenceWithheld: when the caller is not a module of the library.
+        ReferenceWithheld: when the answers are being exported and the caller is not a module of
+            the library.
     """
-    library = Path(__file__).resolve().parent.parent
-    caller = Path(sys._getframe(2).f_code.co_filename)
-    if caller.is_absolute() and caller.resolve().is_relative_to(library):
+    if not _exporting:
+        return
+    if _library_caller(sys._getframe(2)):
         return
     raise ReferenceWithheld(
         f"{qualified_name} is the course's own solution to an exercise being graded; while "
         "grading it refuses to run for a notebook. Call the function you wrote.")
+
+
+def _library_caller(frame) -> bool:
+    """Whether the first frame from ``frame`` outwards that is not JAX's belongs to the library
+    outside ``clusterlab.course`` (a notebook cell's frame has no file path)."""
+    library = Path(__file__).resolve().parent.parent
+    jax_code = [Path(sys.modules[name].__file__).resolve().parent
+                for name in ("jax", "jaxlib") if name in sys.modules]
+    while frame is not None:
+        file = Path(frame.f_code.co_filename)
+        file = file.resolve() if file.is_absolute() else file
+        if not any(file.is_relative_to(folder) for folder in jax_code):
+            return file.is_relative_to(library) and not file.is_relative_to(library / "course")
+        frame = frame.f_back
+    return False
 
 
 class CellTimeout(Exception):
@@ -192,4 +224,9 @@ _FATAL = {MemoryError: "a cell ran out of the sandbox's memory limit",
           BlockingIOError: "a cell hit the sandbox's process limit (a fork bomb?)"}
 
 if __name__ == "__main__":
-    run_notebook(sys.argv[1], Path(sys.argv[2]).read_text(), sys.argv[3], float(sys.argv[4]))
+    # run as the module the withheld functions import, not as __main__, a second copy of it
+    # whose _exporting they would never see
+    from clusterlab.course import submission
+
+    submission.run_notebook(sys.argv[1], Path(sys.argv[2]).read_text(), sys.argv[3],
+                            float(sys.argv[4]))
