@@ -134,8 +134,9 @@ def test_mixtral_counts_its_parameters_and_active_flops():
     assert round(active / 1e9, 1) == 12.9
     assert MIXTRAL.flops_per_token == flops.transformer_flops_per_token(active, 32, 4096, 4096)
     assert MIXTRAL.flops_per_token < 0.3 * replace(MIXTRAL, moe=None).flops_per_token
-    # the gemm model's one MLP of the two experts' FLOPs: 4 d f' = 2 x 3 d f
-    assert MIXTRAL.expert_ffn_width == 2 * 3 * 14336 / 2
+    # the expert GEMMs of one token's two copies, forward and backward: 6 FLOPs per expert
+    # parameter and copy, the experts' share of 6 N_active per layer
+    assert sum(g.flops for g in gemm.expert_mlp_gemms(2, 4096, 14336)) == 6 * 2 * PER_EXPERT
     print(f"Mixtral: {MIXTRAL.expert_params / 1e9:.1f}e9 expert parameters, "
           f"{active / 1e9:.2f}e9 active, {MIXTRAL.flops_per_token / 1e9:.1f} GFLOP per token")
 

@@ -196,7 +196,7 @@ class Workload:
             dense_layers = n_layers - self.moe_layers
             if dense_layers == 0:
                 raise ValueError("Every layer is a mixture of experts: the workload has no "
-                                 "dense MLP (see expert_ffn_width).")
+                                 "dense MLP (the experts' width is moe.expert_mlp_width).")
             width = ((self.n_params - self.expert_params - 4.0 * d_model**2 * n_layers)
                      / (2.0 * d_model * dense_layers))
         if width <= 0:
@@ -227,15 +227,6 @@ class Workload:
         if self.moe is None:
             return 0.0
         return self.moe_layers * self.moe.n_experts * self.params_per_expert
-
-    @property
-    def expert_ffn_width(self) -> float:
-        """The width of the planner's two-matrix MLP (:func:`clusterlab.analytic.gemm.
-        transformer_layer_gemms`) with the FLOPs of the ``top_k`` gated experts a token runs:
-        ``k * EXPERT_MATRICES * f / 2`` (``4 d f_2 = 2 k * 3 d f`` FLOPs forward)."""
-        if self.moe is None:
-            raise ValueError("A dense workload has no experts (Workload.moe is None).")
-        return self.moe.top_k * EXPERT_MATRICES * self.moe.expert_mlp_width / 2
 
     @property
     def heads(self) -> int:
