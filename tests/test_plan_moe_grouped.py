@@ -197,18 +197,19 @@ print(json.dumps({r.run: r.error for r in validation.moe_validation_table()}))
 
 
 def test_every_moe_row_is_closer_than_with_one_balanced_mlp(tmp_path):
-    """Before and after, the same rows: prediction.py of GROUPED_COMMIT's parent (the experts as
-    one MLP of their FLOPs over the micro-batch's tokens, no router or permutation) on today's
-    library. Every row moves toward its published figure, by 4 to 12 points; none gets near."""
+    """Before and after, the same rows: prediction.py and workload.py of GROUPED_COMMIT's parent
+    (the experts as one MLP of their FLOPs over the micro-batch's tokens, no router or
+    permutation) on today's library. Every row moves toward its published figure, by 4 to 12 points; none gets near."""
     if shutil.which("git") is None or not (ROOT / ".git").exists():
         pytest.skip("this checkout has no git history, so the planner before the change cannot "
                     "be rebuilt for the comparison; run it in a git clone")
     lib = tmp_path / "lib"
     shutil.copytree(ROOT / "lib" / "clusterlab", lib / "clusterlab")
-    old = subprocess.run(["git", "show",
-                          f"{GROUPED_COMMIT}^:lib/clusterlab/analytic/plan/prediction.py"],
-                         cwd=ROOT, check=True, capture_output=True, text=True).stdout
-    (lib / "clusterlab" / "analytic" / "plan" / "prediction.py").write_text(old)
+    for module in ("prediction.py", "workload.py"):     # the layer's pricing and its widths
+        old = subprocess.run(["git", "show",
+                              f"{GROUPED_COMMIT}^:lib/clusterlab/analytic/plan/{module}"],
+                             cwd=ROOT, check=True, capture_output=True, text=True).stdout
+        (lib / "clusterlab" / "analytic" / "plan" / module).write_text(old)
     run = subprocess.run([sys.executable, "-c", BEFORE_SCRIPT], cwd=tmp_path,
                          env=dict(os.environ, PYTHONPATH=str(lib)), capture_output=True,
                          text=True)
