@@ -4,9 +4,9 @@ compute-optimal sizing of a model's parameters ``N`` and training tokens ``D``.
 **A GPU-hour.** Rented, it is a provider's list price (:data:`RENTED_PRICES`, each with where and
 when it was listed). Owned, it is the cluster's TCO over its life divided by its GPU-hours
 (:func:`owned_cost_per_gpu_hour`): the purchase (capex) spread over the life, the facility's
-energy (IT power times the PUE times the price of a kWh), and operations. No vendor publishes a
-price for a DGX H100 server, so :class:`Ownership` holds the purchase as an *assumed* price, a
-parameter the reader moves; its other defaults say which are assumed and which are cited.
+energy (IT power times the PUE times the price of a kWh), and operations. The course found no
+public list price for a DGX H100 server, so :class:`Ownership` holds the purchase as an *assumed*
+price, a parameter the reader moves; its other defaults say which are assumed and which are cited.
 
 **Compute-optimal sizing.** Training costs ``C = 6ND`` FLOPs (:func:`clusterlab.analytic.flops.
 training_flops`). For a fixed ``C``, Hoffmann et al. (2022, "Chinchilla") found the loss lowest
@@ -84,7 +84,8 @@ class Ownership:
     """What owning a cluster costs, per server of ``system``. The defaults mark their sources.
 
     Attributes:
-        server_price_usd: purchase price of one server (an assumed price: no vendor lists one).
+        server_price_usd: purchase price of one server (an assumed price: the course found no
+            public list price).
         infrastructure_fraction: network, storage and installation, as a fraction of the servers'
             price (assumed).
         life_years: years over which the purchase is spread (assumed).
