@@ -4,6 +4,7 @@ on a
 
 from __future__ import annotations
 
+import functools
 from dataclasses import replace
 
 from clusterlab.analytic import costmodel
@@ -18,6 +19,10 @@ def all_reduce(nbytes: float, group: ClusterSpec) -> costmodel.CollectiveEstimat
     return collective("all_reduce", nbytes, group)
 
 
+# A search prices thousands of candidate layouts that share a few dozen (op, bytes, group)
+# triples (3,552 calls, 35 distinct, for lab 10's 1,024-GPU search); the model is a pure function
+# of its arguments (a frozen ClusterSpec, a frozen estimate returned), so each is priced once.
+@functools.lru_cache(maxsize=4096)
 def collective(op: ClusterOp, nbytes: float,
                group: ClusterSpec) -> costmodel.CollectiveEstimate:
     """NCCL's ``op`` of an ``nbytes`` buffer (nccl-tests' ``size``: for an all-gather the
@@ -25,7 +30,8 @@ def collective(op: ClusterOp, nbytes: float,
 
     The estimate is marked untested where no published row can back it whatever its regime:
     a network without a named NIC (its fabric is unknown) or an accelerator outside the catalog
-    (a TPU in the planner's validation tests is priced as if NCCL ran on it).
+    (a TPU in the planner's validation tests is priced as if NCCL ran on it). Estimates are
+    cached per argument triple.
     """
     estimate = costmodel.cluster_collective(op, nbytes, group)
     if (group.n_nodes > 1 and group.nic is None) or not _nccl_knows(group.gpu):
