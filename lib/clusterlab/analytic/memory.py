@@ -14,7 +14,7 @@ distributed optimizer's documentation. Plain data parallelism
 replicates all of them on every device; ZeRO partitions them across the ``dp`` data-parallel
 devices in three stages (optimizer state, then gradients, then parameters). Activations are
 counted apart, per layer: :func:`transformer_layer_activation_bytes` (Korthikanti et al.'s
-16-bit layer) and :func:`transformer_block_activation_bytes` (the course's fp32 block, as lab 06
+16-bit layer) and :func:`transformer_block_activation_bytes` (the course's fp32 block, as lab 15
 reads it from the compiled program).
 Serving keeps the weights and a key-value cache instead (:func:`kv_cache_bytes`).
 
