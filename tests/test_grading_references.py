@@ -8,7 +8,8 @@
 - The same for labs 04, 13 and 14 in one batch: the library's sequence-parallel matmuls, the
   layer's routing, masks and combine, and its ring attention (which JAX, not the notebook, calls
   inside ``shard_map``) refuse the answers that call them, while the lab's own cells that use
-  them run; each honest submission after a cheat keeps its marks.
+  them run; each honest submission after a cheat keeps its marks. A notebook that patches the
+  guard away is refused by the grader, which reads the library's frames in its program.
 - The hidden inputs are drawn afresh each run: a table of outputs built for one run's seed
   passes that run (the control that the table is right) and fails the next.
 - Every key's code exercises: each names the library's functions to withhold (the sandbox can
@@ -93,7 +94,8 @@ LAB_CELLS = {
           "print(tensor.make_column_matmul(mesh, 'model', overlap=True)(jnp.ones((4, 2)),\n"
           "                                                           jnp.ones((2, 4))).shape)\n"
           + lab_sources("04", ["lab04-overlap"])[1],
-    "13": "routing = experts.route(jnp.eye(4), jnp.eye(4)[jnp.arange(8) % 4], top_k=1, capacity=2)\n"
+    "13": "routing = experts.route(jnp.eye(4), jnp.eye(4)[jnp.arange(8) % 4], top_k=1,\n"
+          "                        capacity=2)\n"
           "print(experts.DISPATCH_COMBINE.combine(jnp.ones((4, 2, 3)),\n"
           "                                       experts.masks(routing, 4, 2)).shape)\n"
           + lab_sources("13", ["lab13-deepseek-bytes"])[1],
@@ -101,8 +103,20 @@ LAB_CELLS = {
           "                                  'seq', causal=True)\n"
           "print(ring(*[jnp.ones((1, 4, 1, 2))] * 3)[0].shape)\n"
           + lab_sources("14", ["lab14-ring-bytes"])[1]}
+# lab 04's also patches the sandbox's guard for the block (it runs in the notebook's process)
+# and hands over the library's block (its f left out: the grader's x arrives split), which the
+# checker alone passes: the grader reads the block's frames in the program and refuses it
+GUARD_PATCHED = ("from clusterlab.course import submission\n"
+                 "guard = submission.refuse_unless_library\n"
+                 "submission.refuse_unless_library = lambda name: (\n"
+                 "    None if name.endswith('.mlp_block') else guard(name))\n"
+                 "def megatron_mlp_forward(x, w1, b1, w2, b2, axis_name):\n"
+                 "    block = {'w1': w1[0], 'b1': b1[0], 'w2': w2[0], 'b2': b2[0]}\n"
+                 "    ops = tensor.MegatronOps(lambda v, axis: v, tensor.MEGATRON.reduce)\n"
+                 "    return tensor.mlp_block(block, x[0], axis_name, ops=ops)[None]\n"
+                 "check.answer('lab04.3', megatron_mlp_forward)\n")
 LAB_CHEATS = {
-    "04": "def sequence_parallel_mlp(x, w1, b1, w2, b2, axis_name):\n"
+    "04": GUARD_PATCHED + "def sequence_parallel_mlp(x, w1, b1, w2, b2, axis_name):\n"
           "    hidden = jax.nn.relu(tensor.all_gather_matmul(x, w1[0], axis_name) + b1[0])\n"
           "    return x + tensor.matmul_reduce_scatter(hidden, w2[0], axis_name) + b2[0]\n"
           "check.answer('lab04.6', sequence_parallel_mlp)",
@@ -111,7 +125,8 @@ LAB_CHEATS = {
     "13": "def combine_from_experts(expert_out, expert, weight):\n"
           "    n_experts, capacity, _ = expert_out.shape\n"
           "    k = expert.shape[1]\n"
-          "    x = sum((k - j) * 30.0 * jax.nn.one_hot(expert[:, j], n_experts) for j in range(k))\n"
+          "    x = sum((k - j) * 30.0 * jax.nn.one_hot(expert[:, j], n_experts)\n"
+          "            for j in range(k))\n"
           "    routing = experts.route(jnp.eye(n_experts), x, top_k=k, capacity=capacity,\n"
           "                            renormalize=False)._replace(weight=weight)\n"
           "    return experts.DISPATCH_COMBINE.combine(\n"
@@ -125,8 +140,9 @@ LAB_CHEATS = {
 LAB_HONEST = {
     "04": lab_sources("04", ["lab04-sequence-parallel"])[1::2],
     "13": lab_sources("13", ["lab13-combine"])[1::2],
-    "14": [code_after(nbformat.read(next((KEYS.parent / "labs").glob("14-*.ipynb")), as_version=4),
-                      "`with_backward(backward, axis)`"), lab_sources("14", ["lab14-ring-backward"])[1]]}
+    "14": [code_after(nbformat.read(next((KEYS.parent / "labs").glob("14-*.ipynb")),
+                                    as_version=4), "`with_backward(backward, axis)`"),
+           lab_sources("14", ["lab14-ring-backward"])[1]]}
 # SMALL's limits but CPU time for a lab cell that compiles a ring (about 6 s with JAX's start)
 LAB_LIMITS = dataclasses.replace(SMALL, cpu_s=30)
 # the code exercise each cheat answers, what it calls first, and the value its lab cell records
@@ -147,8 +163,9 @@ def test_labs_04_13_14_withhold_what_jax_calls_and_the_next_keeps_its_marks(tmp_
         (keys / f"lab{lab}.py").write_text((KEYS / f"lab{lab}.py").read_text())
     batch = []
     for lab in LAB_REFUSED:
-        batch += [fixture_submission(tmp_path / f"cheat{lab}", [LAB_IMPORTS, LAB_CELLS[lab],
-                                                                LAB_CHEATS[lab]], f"{lab}-lab.ipynb"),
+        batch += [fixture_submission(tmp_path / f"cheat{lab}",
+                                     [LAB_IMPORTS, LAB_CELLS[lab], LAB_CHEATS[lab]],
+                                     f"{lab}-lab.ipynb"),
                   fixture_submission(tmp_path / f"honest{lab}", [LAB_IMPORTS, *LAB_HONEST[lab]],
                                      f"{lab}-lab.ipynb")]
     grades = tmp_path / "grades.csv"
@@ -163,6 +180,10 @@ def test_labs_04_13_14_withhold_what_jax_calls_and_the_next_keeps_its_marks(tmp_
         assert points[(f"cheat{lab}", exercise)] == 0
         assert points[(f"cheat{lab}", cell_value)] == 1, f"lab {lab}'s own cell did not run"
         assert points[(f"honest{lab}", exercise)] == 1, f"the honest lab {lab} lost its marks"
+    assert ("  lab04.3  ✗ Megatron MLP forward: its program was built by "
+            "clusterlab.device.parallel.tensor.mlp_block, the course's own solution to this "
+            "exercise, which grading withholds. Call the function you wrote.") in out
+    assert points[("cheat04", "lab04.3")] == 0
 
 
 def _table_submission(folder: Path, seed: int) -> Path:

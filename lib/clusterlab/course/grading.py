@@ -44,7 +44,8 @@ How a submission is graded (:func:`grade_notebook`, ``python -m clusterlab grade
 The library's own implementation of what a code exercise asks for (``references`` of
 :func:`code`) refuses, in the sandbox, to run for the answers the notebook hands over, whether
 the notebook calls it or JAX does while tracing the notebook's function; the lab's own cells,
-which run before, still use it. Calling it earns nothing.
+which run before, still use it. The grader also refuses a program whose recorded call stack
+names one (:func:`reference_frames`), so patching the sandbox's guard away earns nothing either.
 
 Whatever the submission runs (a replaced ``judge_all``, a patched ``check``, ``numpy`` or
 ``jax``, a printed verdict line) changes only the data it hands over, never how it is judged.
@@ -203,8 +204,8 @@ def code(checker: Callable[[Sequence[Program]], None], *, name: str, hint: str =
         references: the library's own functions that do what the exercise asks, by qualified
             name (``"clusterlab.device.collectives.ring_reduce_scatter"``): in the grading
             sandbox they refuse to run for the notebook's answers (called by the notebook or
-            by JAX for it), so calling one earns nothing
-            (:func:`clusterlab.course.sandbox.withheld_binds`).
+            by JAX for it), and a program built by one is refused (:func:`reference_frames`),
+            so calling one earns nothing (:func:`clusterlab.course.sandbox.withheld_binds`).
 
     Raises:
         ValueError: when ``exports`` is empty.
@@ -220,6 +221,7 @@ def code(checker: Callable[[Sequence[Program]], None], *, name: str, hint: str =
             return False, f"✗ {name}: {answer} {hint}".rstrip()
         try:
             checker(answer)
+            _refuse_references(answer, references)
         except Refused as refusal:
             return False, f"✗ {name}: {refusal} {hint}".rstrip()
         except Exception as error:  # the student's program failing is a verdict, not a crash
@@ -228,6 +230,40 @@ def code(checker: Callable[[Sequence[Program]], None], *, name: str, hint: str =
         return True, f"✓ {name} is correct."
 
     return Exercise(name, judge, None, tuple(exports), tuple(references))
+
+
+# the printed StableHLO's source locations: an alias of a file position
+# (#loc7 = loc("/.../experts.py":232:21 to :48)), and a Python frame by its function's name at a
+# position, by alias or inline (loc("route"(#loc7)))
+_FILE_LOCATION = re.compile(r'^(#loc\d+) = loc\("([^"]+)":\d+:\d+', re.MULTILINE)
+_FRAME_LOCATION = re.compile(r'loc\("([\w.<>]+)"\((?:(#loc\d+)|"([^"]+)":\d+:\d+)')
+
+
+def reference_frames(program: Program, references: Sequence[str]) -> list[str]:
+    """The references (qualified names of the library's functions) that were on the Python stack
+    when the submission's kernel traced ``program``: JAX (0.10.2 here) records each operation's
+    call stack, function names and files, in the StableHLO it exports."""
+    text = program.exported.mlir_module()
+    files = dict(_FILE_LOCATION.findall(text))
+    frames = {(name, files.get(alias, "") if alias else file)
+              for name, alias, file in _FRAME_LOCATION.findall(text)}
+    found = []
+    for reference in references:
+        module, _, function = reference.rpartition(".")
+        source = "/" + module.replace(".", "/") + ".py"
+        if any(name == function and file.endswith(source) for name, file in frames):
+            found.append(reference)
+    return found
+
+
+def _refuse_references(programs: Sequence[Program], references: Sequence[str]) -> None:
+    # The sandbox's guard runs in the submission's own process, which can patch it; the program
+    # it hands over still names the frames that built it.
+    for program in programs:
+        found = reference_frames(program, references)
+        if found:
+            raise Refused(f"its program was built by {found[0]}, the course's own solution to "
+                          "this exercise, which grading withholds. Call the function you wrote.")
 
 
 def _one_line(error: BaseException) -> str:

@@ -153,7 +153,12 @@ def refuse_unless_library(qualified_name: str) -> None:
     """
     if not _exporting:
         return
-    if _library_caller(sys._getframe(2)):
+    module, _, function = qualified_name.rpartition(".")
+    frame = sys._getframe(1)      # the withheld function's own frame, however it was reached
+    while frame is not None and not (frame.f_code.co_name == function
+                                     and frame.f_globals.get("__name__") == module):
+        frame = frame.f_back
+    if frame is not None and _library_caller(frame.f_back):
         return
     raise ReferenceWithheld(
         f"{qualified_name} is the course's own solution to an exercise being graded; while "
