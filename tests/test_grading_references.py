@@ -186,6 +186,55 @@ def test_labs_04_13_14_withhold_what_jax_calls_and_the_next_keeps_its_marks(tmp_
     assert points[("cheat04", "lab04.3")] == 0
 
 
+def test_a_program_without_call_stacks_is_refused_where_references_are_withheld():
+    # the guard-patched cheat's block, judged here (no sandbox, so no guard): with JAX's call
+    # stacks in its locations the grader names the block; exported without them (a notebook can
+    # flip the option, and the block's name is then gone) it is refused for that
+    from clusterlab.device.parallel import tensor
+
+    def library_block(x, w1, b1, w2, b2, axis_name):
+        block = {"w1": w1[0], "b1": b1[0], "w2": w2[0], "b2": b2[0]}
+        ops = tensor.MegatronOps(lambda v, axis: v, tensor.MEGATRON.reduce)
+        return tensor.mlp_block(block, x[0], axis_name, ops=ops)[None]
+
+    key = grading.load_key(KEYS / "lab04.py")
+    assert grading.judge(key, "lab04.3", library_block, {}).line.startswith(
+        "✗ Megatron MLP forward: its program was built by "
+        "clusterlab.device.parallel.tensor.mlp_block")
+    option = "jax_include_full_tracebacks_in_locations"
+    jax.config.update(option, False)
+    try:
+        verdict = grading.judge(key, "lab04.3", library_block, {})
+    finally:
+        jax.config.update(option, True)
+    print(verdict.line)
+    assert verdict.line.startswith("✗ Megatron MLP forward: its program carries no call stacks")
+
+
+def test_a_program_exported_in_a_cell_still_names_the_reference():
+    # a cell may run the references (the lab's own cells do): lab 13's cheat exported there at
+    # the hidden shapes (the request names them), the answer only calling those programs; the
+    # exported programs keep their call stacks, so the grader still sees the routing
+    cheat = {}
+    exec(LAB_IMPORTS.replace("devices.setup(8)", "") + "\n" + LAB_CHEATS["13"].replace(
+        "check.answer('lab13.5', combine_from_experts)", ""), cheat)
+    key = grading.load_key(KEYS / "lab13.py")
+    exported = {}
+    for export in key["lab13.5"].exports:
+        shapes = tuple(tuple(shape) for shape, _ in export.args)
+        exported[shapes] = jax.export.export(jax.jit(cheat["combine_from_experts"]))(
+            *(jax.ShapeDtypeStruct(shape, dtype) for shape, dtype in export.args))
+
+    def combine_from_experts(expert_out, expert, weight):
+        program = exported[(expert_out.shape, expert.shape, weight.shape)]
+        return program.call(expert_out, expert, weight)
+
+    verdict = grading.judge(key, "lab13.5", combine_from_experts, {})
+    print(verdict.line)
+    assert verdict.line.startswith("✗ combine: its program was built by "
+                                   "clusterlab.device.parallel.experts.route")
+
+
 def _table_submission(folder: Path, seed: int) -> Path:
     """A reduce-scatter that returns the hidden tests' outputs for the inputs of ``seed``'s run,
     looked up by device count and block size, with the p - 1 permutes the structure check reads:

@@ -45,7 +45,7 @@ The library's own implementation of what a code exercise asks for (``references`
 :func:`code`) refuses, in the sandbox, to run for the answers the notebook hands over, whether
 the notebook calls it or JAX does while tracing the notebook's function; the lab's own cells,
 which run before, still use it. The grader also refuses a program whose recorded call stack
-names one (:func:`reference_frames`), so patching the sandbox's guard away earns nothing either.
+names one (:func:`program_frames`), so patching the sandbox's guard away earns nothing either.
 
 Whatever the submission runs (a replaced ``judge_all``, a patched ``check``, ``numpy`` or
 ``jax``, a printed verdict line) changes only the data it hands over, never how it is judged.
@@ -204,7 +204,7 @@ def code(checker: Callable[[Sequence[Program]], None], *, name: str, hint: str =
         references: the library's own functions that do what the exercise asks, by qualified
             name (``"clusterlab.device.collectives.ring_reduce_scatter"``): in the grading
             sandbox they refuse to run for the notebook's answers (called by the notebook or
-            by JAX for it), and a program built by one is refused (:func:`reference_frames`),
+            by JAX for it), and a program built by one is refused (:func:`program_frames`),
             so calling one earns nothing (:func:`clusterlab.course.sandbox.withheld_binds`).
 
     Raises:
@@ -239,31 +239,37 @@ _FILE_LOCATION = re.compile(r'^(#loc\d+) = loc\("([^"]+)":\d+:\d+', re.MULTILINE
 _FRAME_LOCATION = re.compile(r'loc\("([\w.<>]+)"\((?:(#loc\d+)|"([^"]+)":\d+:\d+)')
 
 
-def reference_frames(program: Program, references: Sequence[str]) -> list[str]:
-    """The references (qualified names of the library's functions) that were on the Python stack
-    when the submission's kernel traced ``program``: JAX (0.10.2 here) records each operation's
-    call stack, function names and files, in the StableHLO it exports."""
+def program_frames(program: Program) -> set[tuple[str, str]]:
+    """The Python frames, ``(function name, file)``, that the submission's kernel was in while it
+    traced ``program``: JAX (0.10.2 here) records each operation's call stack in the source
+    locations of the StableHLO it exports."""
     text = program.exported.mlir_module()
     files = dict(_FILE_LOCATION.findall(text))
-    frames = {(name, files.get(alias, "") if alias else file)
-              for name, alias, file in _FRAME_LOCATION.findall(text)}
-    found = []
-    for reference in references:
-        module, _, function = reference.rpartition(".")
-        source = "/" + module.replace(".", "/") + ".py"
-        if any(name == function and file.endswith(source) for name, file in frames):
-            found.append(reference)
-    return found
+    return {(name, files.get(alias, "") if alias else file)
+            for name, alias, file in _FRAME_LOCATION.findall(text)}
+
+
+def _module_file(module: str) -> str:
+    return "/" + module.replace(".", "/") + ".py"
 
 
 def _refuse_references(programs: Sequence[Program], references: Sequence[str]) -> None:
     # The sandbox's guard runs in the submission's own process, which can patch it; the program
-    # it hands over still names the frames that built it.
-    for program in programs:
-        found = reference_frames(program, references)
-        if found:
-            raise Refused(f"its program was built by {found[0]}, the course's own solution to "
-                          "this exercise, which grading withholds. Call the function you wrote.")
+    # it hands over still names the frames that built it, down to the export's own, unless
+    # JAX was told to keep the innermost frame only (then the export's frame is missing).
+    for program in programs if references else ():
+        frames = program_frames(program)
+        if not any(file.endswith(_module_file(submission.__name__)) for _, file in frames):
+            raise Refused("its program carries no call stacks in its source locations, which "
+                          "the grader reads to see what built it; export it as check.answer "
+                          "does, with JAX's jax_include_full_tracebacks_in_locations left on.")
+        for reference in references:
+            module, _, function = reference.rpartition(".")
+            if any(name == function and file.endswith(_module_file(module))
+                   for name, file in frames):
+                raise Refused(f"its program was built by {reference}, the course's own "
+                              "solution to this exercise, which grading withholds. Call the "
+                              "function you wrote.")
 
 
 def _one_line(error: BaseException) -> str:
