@@ -61,9 +61,13 @@ grade: system-deps $(READY)
 		$(SUBMISSIONS) --key keys --csv $(GRADES)
 
 ## test: the whole suite: library unit tests, the labs against their stored outputs, the book;
-## on TEST_WORKERS processes (pytest-xdist; a file's tests, and the book's, stay on one of them)
+## on TEST_WORKERS processes (pytest-xdist; a file's tests, and the book's, stay on one of them).
+## JAX's persistent compilation cache (JAX_CACHE, empty in a fresh clone) lets a program compiled
+## by one test, lab kernel or launched process be loaded by the next that compiles the same one.
 TEST_WORKERS ?= 2
+JAX_CACHE ?= $(CURDIR)/.jax-cache
 test: system-deps $(READY)
+	JAX_COMPILATION_CACHE_DIR=$(JAX_CACHE) JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0.2 \
 	$(BIN)/python -m pytest tests labs -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder \
 		--nbval --nbval-current-env \
 		--nbval-sanitize-with tests/nbval_sanitize.cfg --nbval-cell-timeout=600
@@ -74,4 +78,4 @@ system-deps:
 	@tests/system_deps.sh
 
 clean:
-	rm -rf _build .pytest_cache
+	rm -rf _build .pytest_cache .jax-cache
