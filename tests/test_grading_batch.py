@@ -182,3 +182,14 @@ def test_a_program_past_its_limits_fails_alone_and_the_next_is_graded(program, t
                                  ["98-bad", "lab98.2", "1", "file"],
                                  ["98-bad", "lab98.3", "0", "file"],
                                  *[["98-good", *row, "file"] for row in FULL_MARKS]]
+
+
+def test_the_judge_compiles_with_no_shared_compilation_cache(monkeypatch):
+    # make test gives its processes JAX's persistent compilation cache; the judging child must
+    # compile every submitted program itself, whatever another process left in that cache
+    monkeypatch.setenv("JAX_COMPILATION_CACHE_DIR", "/tmp/a-cache-anyone-could-fill")
+    monkeypatch.setenv("CLUSTERLAB_SOMETHING_ELSE", "kept")
+    environment = grading._judge_environment()
+    assert "JAX_COMPILATION_CACHE_DIR" not in environment
+    assert environment["CLUSTERLAB_SOMETHING_ELSE"] == "kept"
+    assert environment[grading.SEED_ENV] == str(grading.run_seed())

@@ -742,6 +742,18 @@ def judge_programs_apart(key_path: Path, programs: Mapping[str, object],
     return verdicts
 
 
+# JAX's persistent compilation cache (``make test`` sets one): the judge compiles every submitted
+# program itself, so that no compiled program another process left on disk can stand in for it.
+_NOT_INHERITED = ("JAX_COMPILATION_CACHE_DIR",)
+
+
+def _judge_environment() -> dict[str, str]:
+    """The judging child's environment: the grader's, with this run's seed and without
+    :data:`_NOT_INHERITED`."""
+    kept = {k: v for k, v in os.environ.items() if k not in _NOT_INHERITED}
+    return {**kept, SEED_ENV: str(run_seed())}
+
+
 def _run_judge(key_path: Path, data: Path, out: Path, errors: Path,
                limits: sandbox.Limits) -> str:
     """Run :func:`judge_programs` in a limited child; "" when it ended normally, else why not."""
@@ -753,8 +765,7 @@ def _run_judge(key_path: Path, data: Path, out: Path, errors: Path,
     try:
         with open(errors, "wb") as stderr:
             result = subprocess.run(command, stdout=subprocess.DEVNULL, stderr=stderr,
-                                    timeout=limits.wall_s,
-                                    env={**os.environ, SEED_ENV: str(run_seed())})
+                                    timeout=limits.wall_s, env=_judge_environment())
     except subprocess.TimeoutExpired:
         return f"its program ran past the grader's {limits.wall_s:g} s wall-clock limit"
     if result.returncode == 0:
