@@ -61,12 +61,10 @@ grade: system-deps $(READY)
 		$(SUBMISSIONS) --key keys --csv $(GRADES)
 
 ## test: the whole suite: library unit tests, the labs against their stored outputs, the book;
-## on TEST_WORKERS processes (pytest-xdist; a file's tests, and the book's, stay on one of them):
-## 3 by default, one more than a 2-core machine's cores, since about a third of the suite's time
-## is spent waiting (on launched processes, SLURM, sleeps, timeouts) rather than computing.
+## on TEST_WORKERS processes (pytest-xdist; a file's tests, and the book's, stay on one of them).
 ## JAX's persistent compilation cache (JAX_CACHE, empty in a fresh clone) lets a program compiled
 ## by one test, lab kernel or launched process be loaded by the next that compiles the same one.
-TEST_WORKERS ?= 3
+TEST_WORKERS ?= 2
 JAX_CACHE ?= $(CURDIR)/.jax-cache
 test: system-deps $(READY)
 	JAX_COMPILATION_CACHE_DIR=$(JAX_CACHE) JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0.2 \
