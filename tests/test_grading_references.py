@@ -34,7 +34,13 @@ import pytest
 from assignment_support import KEYS, code_after, key_module, lab_sources
 from clusterlab.course import grading, sandbox
 from conftest import fixture_submission
-from test_grading_security import SMALL
+from test_grading_security import SMALL as SECURITY_LIMITS
+
+# The security tests' limits, with room for threads: RLIMIT_NPROC counts every process and
+# thread of the user nobody on the machine, and a kernel with 8 JAX devices runs about 40, so
+# a sandbox beside another test's (the suite runs two workers) could not start its threads and
+# died of SIGABRT under the security tests' 96.
+SMALL = dataclasses.replace(SECURITY_LIMITS, processes=sandbox.Limits().processes)
 
 IMPORTS = ("import jax\nimport jax.numpy as jnp\nimport numpy as np\n"
            "from clusterlab.course import check\n"
