@@ -121,6 +121,36 @@ def test_experts_are_pinned_too(capsys):
     assert "expert-parallel all-to-all (unvalidated)" in only["breakdown_s"]
 
 
+#: Mixtral 8x7B's shape (Jiang et al. 2024, Table 1) on 16 H100, every layout axis pinned, ep 2
+MIXTRAL_PINNED = ["--layers", "32", "--d-model", "4096", "--heads", "32", "--kv-heads", "8",
+                  "--vocab", "32000", "--experts", "8", "--top-k", "2", "--expert-mlp", "14336",
+                  "--seq-len", "4096", "--batch", "64", *CLUSTER,
+                  *with_value(PINNED, "--virtual-stages", "1"), "--expert-parallel", "2"]
+
+
+def test_load_imbalance_slows_the_moe_step_and_only_the_compute(capsys):
+    (balanced,) = plans(capsys, *MIXTRAL_PINNED)
+    (default,) = plans(capsys, *MIXTRAL_PINNED, "--load-imbalance", "1")
+    (skewed,) = plans(capsys, *MIXTRAL_PINNED, "--load-imbalance", "1.5")
+    assert default["step_s"] == balanced["step_s"]      # 1 is the default: balanced
+    assert skewed["step_s"] > balanced["step_s"]
+    parts, skewed_parts = balanced["breakdown_s"], skewed["breakdown_s"]
+    assert skewed_parts["compute"] > parts["compute"]
+    # the all-to-alls keep capacity_factor's buffers: only the busiest GPU's experts grow
+    term = "expert-parallel all-to-all (unvalidated)"
+    assert skewed_parts[term] == parts[term]
+    print(f"Mixtral, 16 H100, ep 2: step {balanced['step_s']:.3f} s balanced, "
+          f"{skewed['step_s']:.3f} s at load imbalance 1.5")
+
+
+def test_load_imbalance_is_refused_for_a_dense_model_or_below_one(capsys):
+    dense = error(capsys, *LLAMA_8B, *CLUSTER, *PINNED, "--load-imbalance", "1.2")
+    assert "--load-imbalance describes experts: give --experts too" in dense
+    for below in ("0.9", "nan"):
+        low = error(capsys, *MIXTRAL_PINNED, "--load-imbalance", below)
+        assert "at least 1" in low and "give 1 for a balanced router" in low, low
+
+
 def test_tokens_are_optional_and_give_days_when_given(capsys):
     assert cli.main(["plan", *LLAMA_8B, *CLUSTER, *PINNED]) == 0
     assert "time to train" not in capsys.readouterr().out

@@ -312,6 +312,10 @@ def _plan_layout_options(plan: argparse.ArgumentParser) -> None:
                       help="layers with experts (with --experts; default: every layer)")
     plan.add_argument("--capacity-factor", type=float,
                       help="expert capacity factor of the dispatch buffers (with --experts; 1)")
+    plan.add_argument("--load-imbalance", type=float,
+                      help="the busiest expert's tokens over the mean, >= 1 (with --experts; "
+                           "1: balanced, as published benchmarks force it); the GPU holding "
+                           "that expert sets the layer's pace")
     plan.add_argument("--zero", type=_zero_stages, default=_SPACE.zero_stages,
                       help="ZeRO stages to search, e.g. 1,3 (0,1,2,3; 0 alone when dp = 1)")
 
@@ -384,20 +388,27 @@ def _policies(text: str) -> tuple[str, ...]:
 def _moe(args: argparse.Namespace) -> plan.MoE | None:
     """The --experts options as a plan.MoE (None without --experts)."""
     extra = {"--top-k": args.top_k, "--expert-mlp": args.expert_mlp,
-             "--moe-layers": args.moe_layers, "--capacity-factor": args.capacity_factor}
+             "--moe-layers": args.moe_layers, "--capacity-factor": args.capacity_factor,
+             "--load-imbalance": args.load_imbalance}
     if args.experts is None:
         given = [flag for flag, value in extra.items() if value is not None]
         if given:
-            raise ValueError(f"{', '.join(given)} describe experts: give --experts too (the "
+            verb = "describes" if len(given) == 1 else "describe"
+            raise ValueError(f"{', '.join(given)} {verb} experts: give --experts too (the "
                              f"number of experts per MoE layer), or drop them for a dense model.")
         return None
     if args.expert_mlp is None:
         raise ValueError("--experts needs --expert-mlp, the hidden width of one expert MLP "
                          "(Mixtral 8x7B: 14336).")
+    imbalance = 1.0 if args.load_imbalance is None else args.load_imbalance
+    if not imbalance >= 1:   # also refuses nan
+        raise ValueError(f"--load-imbalance is the busiest expert's tokens over the mean, so "
+                         f"at least 1; got {args.load_imbalance}: give 1 for a balanced router "
+                         f"or the max / mean measured (e.g. 1.3).")
     return plan.MoE(args.experts, 2 if args.top_k is None else args.top_k, args.expert_mlp,
                     n_moe_layers=args.moe_layers,
                     capacity_factor=1.0 if args.capacity_factor is None
-                    else args.capacity_factor)
+                    else args.capacity_factor, load_imbalance=imbalance)
 
 
 def _plan(args: argparse.Namespace) -> None:
