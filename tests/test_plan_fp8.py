@@ -6,18 +6,20 @@ GPT-OSS 120B runs from the same summary, are tested in tests/test_plan_moe_group
 
 Errors (tokens per second per GPU, (predicted - published) / published):
 
-=======================  =========  ==========  ==========
-run                      published  as BF16     as FP8
-=======================  =========  ==========  ==========
-Llama 3 8B, 8 H100       14,451     -20.8%      +23.2%
-Llama 3 70B, 64 H100     1,602      -30.2%      +1.4%
-Llama 3.1 405B, 1024     292        -23.6%      +18.4%
-=======================  =========  ==========  ==========
+=======================  =========  ==========  ====================  ==================
+run                      published  as BF16     as FP8, casts unpriced  as FP8, casts priced
+=======================  =========  ==========  ====================  ==================
+Llama 3 8B, 8 H100       14,451     -20.8%      +23.2%                +14.3%
+Llama 3 70B, 64 H100     1,602      -30.2%      +1.4%                 -2.6%
+Llama 3.1 405B, 1024     292        -23.6%      +18.4%                +14.5%
+=======================  =========  ==========  ====================  ==================
 
-Priced as BF16 the planner is too slow by 21-30%; as FP8 it is too fast by 1-23% (median
-18.4%): FP8's own casts and scaling are not priced, and its GEMMs are assumed to reach the BF16
-GEMMs' fraction of their peak (no FP8 matmul benchmark in the course). Every row is within 25%;
-the median is not within 10%.
+Priced as BF16 the planner is too slow by 21-30%. As FP8 with Transformer Engine's
+current-scaling casts priced by their bytes (prediction.fp8_cast_bytes: an amax pass, the cast,
+and on Hopper a transposed FP8 copy for the backward), the median signed error is +14.3% (it was
++18.4% with the casts unpriced). Its GEMMs are still assumed to reach the BF16 GEMMs' fraction
+of their peak (no FP8 matmul benchmark in the course). Every row is within 25%; the median
+|error| is not within 10%.
 """
 
 from __future__ import annotations
@@ -35,8 +37,8 @@ AS_BF16 = {r.run.split(",")[0]: r for r in plan.validation.fp8_validation_table(
 
 
 @pytest.mark.parametrize("name, as_bf16, as_fp8", [
-    ("Llama 3 8B", -0.208, 0.232), ("Llama 3 70B", -0.302, 0.014),
-    ("Llama 3.1 405B", -0.236, 0.184)])
+    ("Llama 3 8B", -0.208, 0.143), ("Llama 3 70B", -0.302, -0.026),
+    ("Llama 3.1 405B", -0.236, 0.145)])
 def test_fp8_rows_before_and_after(name, as_bf16, as_fp8):
     assert AS_BF16[name].error == pytest.approx(as_bf16, abs=0.02)
     assert FP8[name].error == pytest.approx(as_fp8, abs=0.02)
@@ -46,28 +48,76 @@ def test_fp8_rows_before_and_after(name, as_bf16, as_fp8):
 def test_fp8_errors_summarised_by_source():
     (summary,) = plan.validation.source_summary(list(FP8.values()))
     assert summary["source"] == "megatron_bridge_perf" and summary["rows"] == 3
-    assert summary["median"] == pytest.approx(0.184, abs=0.02)
+    assert summary["median"] == pytest.approx(0.143, abs=0.02)
     # honest about the goals: every row within 25%, the median above 10%
     assert max(abs(r.error) for r in FP8.values()) <= plan.validation.ROW_GOAL
     assert statistics.median(abs(r.error) for r in FP8.values()) > plan.validation.MEDIAN_GOAL
 
 
-def test_only_the_linear_gemms_run_at_the_fp8_peak():
+T, D, F = 8192, 4096, 14336   # Llama 3 8B's tokens a micro-batch, width and MLP width
+LAYER = (8192, 1, 4096, 32)
+SHAPE = dict(ffn_hidden=F, tensor_parallel=1, sequence_parallel=False, recompute="flash")
+
+
+def test_only_the_linear_gemms_run_at_the_fp8_peak_beside_their_casts():
     h100 = hardware.gpu("H100")
-    shape = dict(ffn_hidden=14336, tensor_parallel=1, sequence_parallel=False,
-                 recompute="flash")
-    args = (8192, 1, 4096, 32)
-    bf16 = prediction._layer_time_s(h100, "bf16", *args, **shape)
-    fp8 = prediction._layer_time_s(h100, "fp8", *args, **shape)
-    gemms = gemm.transformer_layer_gemms(*args, ffn_hidden=14336)
+    bf16 = prediction._layer_time_s(h100, "bf16", *LAYER, **SHAPE)
+    fp8 = prediction._layer_time_s(h100, "fp8", *LAYER, **SHAPE)
+    gemms = gemm.transformer_layer_gemms(*LAYER, ffn_hidden=F)
     attention = set(gemm.LAYER_GEMM_GROUPS["attention"])
     attention_s = sum(gemm.gemm_time_s(g, h100) for g in gemms if g.name in attention)
     kernels_s = sum(k.hbm_bytes for k in gemm.transformer_layer_elementwise(
-        *args, ffn_hidden=14336)) / h100.hbm_bytes_per_s
+        *LAYER, ffn_hidden=F)) / h100.hbm_bytes_per_s
     linear_s = bf16 - attention_s - kernels_s
-    # the linear GEMMs twice as fast (1979 / 989 TFLOP/s), the rest unchanged
-    assert fp8 == pytest.approx(attention_s + kernels_s + linear_s * 989 / 1979, rel=0.01)
+    # Transformer Engine's current-scaling casts on Hopper, by hand: each linear GEMM's input
+    # (4 bytes a value where LayerNorm computed the amax: QKV, MLP up; else 6) and its output's
+    # gradient (6: amax read 2, cast read 2, FP8 and transposed FP8 written 1 + 1):
+    # QKV 4 T D + 6 T 3D, output projection 6 T D + 6 T D, MLP up 4 T D + 6 T F,
+    # MLP down 6 T F + 6 T D
+    casts_s = T * (44 * D + 12 * F) / h100.hbm_bytes_per_s
+    # the linear GEMMs twice as fast (1979 / 989 TFLOP/s), the rest unchanged, the casts added
+    assert fp8 == pytest.approx(attention_s + kernels_s + linear_s * 989 / 1979 + casts_s,
+                                rel=0.01)
+    assert casts_s / fp8 > 0.05   # 7% of the layer: the 1% check above sees them dropped
     assert bf16 / 2 < fp8 < bf16
+
+
+def test_fp8_casts_follow_the_recipe_and_the_architecture():
+    cast = prediction.fp8_cast_bytes
+    # Hopper: amax read, cast read, FP8 and its transposed copy written
+    assert cast(1000, transposed_copy=True) == 6000
+    assert cast(1000, transposed_copy=True, amax_fused=True) == 4000
+    # Blackwell reads the columnwise usage in place: no transposed copy
+    assert cast(1000, transposed_copy=False) == 5000
+    # gathered over 8 GPUs: the rowwise cast on the shard (5 bytes on 125 values), the
+    # transposed copy from the gathered FP8 tensor (read 1, write 1 on all 1000)
+    assert cast(1000, transposed_copy=True, gathered_over=8) == 5 * 125 + 2 * 1000
+    gemms = gemm.transformer_layer_gemms(*LAYER, ffn_hidden=F)
+    b200 = sum(k.hbm_bytes for k in prediction.fp8_activation_casts(
+        hardware.gpu("B200"), gemms, tensor_parallel=1, sequence_parallel=False))
+    assert b200 == T * (36 * D + 10 * F)   # one byte a value fewer than Hopper, every tensor
+    # full recomputation quantizes every linear input again in the recomputed forward
+    full = gemm.transformer_layer_gemms(*LAYER, ffn_hidden=F, recompute="flash_full")
+    again = [k for k in prediction.fp8_activation_casts(
+        hardware.gpu("H100"), full, tensor_parallel=1, sequence_parallel=False)
+        if k.pass_ == "recompute"]
+    assert sum(k.hbm_bytes for k in again) == T * (4 * D + 6 * D + 4 * D + 6 * F)
+
+
+def test_fp8_weights_are_cast_once_a_step():
+    row = FP8["Llama 3 8B"]   # 32 layers, tp = pp = 1, 16 micro-batches a step
+    h100, p = hardware.gpu("H100"), row.plan
+    microbatches = p.workload.global_batch // (p.layout.dp * p.layout.micro_batch)
+    layer_s = prediction._layer_time_s(h100, "fp8", *LAYER, ffn_hidden=p.workload.mlp_width,
+                                       tensor_parallel=1, sequence_parallel=False,
+                                       recompute="flash")
+    f = p.workload.mlp_width
+    # QKV d x 3d, output projection d x d, MLP d x f and f x d: 6 bytes a weight (Hopper)
+    weights_s = 32 * 6 * (4 * D * D + 2 * D * f) / h100.hbm_bytes_per_s
+    assert p.compute_s - p.output_layer_s == pytest.approx(
+        32 * microbatches * layer_s + weights_s, rel=1e-9)
+    assert prediction._fp8_weight_casts_s(p.workload, p.hardware, p.layout) == pytest.approx(
+        weights_s)
 
 
 def test_fp8_mfu_is_over_the_fp8_peak_and_needs_fp8_units():

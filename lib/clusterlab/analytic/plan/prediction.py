@@ -20,6 +20,17 @@ References:
     parallel" (dp x cp ranks holding the same parameters) over which gradients are reduced and
     the distributed optimizer shards (Megatron-LM core_r0.x; the planner follows it, the
     source was not re-read for this change).
+    [te_fp8_current_scaling] NVIDIA Transformer Engine, release v2.9 (tag v2.9, 30 October
+    2025): ``transformer_engine/pytorch/csrc/quantizer.cpp``
+    (``Float8CurrentScalingQuantizer::quantize_impl``: ``nvte_compute_amax``, the amax
+    all-reduce, the scale, then ``nvte_quantize_v2``), ``csrc/extensions/normalization.cpp``
+    (``FUSED_NORM_AMAX_FP8``: the norm computes the amax as it writes), ``module/linear.py`` and
+    ``module/layernorm_linear.py`` (which tensors are quantized, rowwise and columnwise, and
+    FP8 all-gather of rowwise data only under current scaling); and the documentation pages
+    "FP8 Current Scaling" ("Quantization is a memory-bound operation that requires reading the
+    tensor twice"; "On Hopper, columnwise usage requires a physical transpose") and
+    "Performance Considerations: Handling transposes", first in release v2.13.
+    https://github.com/NVIDIA/TransformerEngine
     Expert parallelism: DeepSpeed's expert-parallel and expert-data-parallel groups
     (deepspeed/utils/groups.py, ``_create_expert_and_data_parallel``) and Megatron Core's MoE
     guide (see :mod:`clusterlab.analytic.plan.workload`); the all-to-all's buffer is
@@ -506,7 +517,23 @@ def _compute_s(workload: Workload, cluster: ClusterSpec, layout: Layout,
     output_s = 0.0 if vocab is None else microbatches * gemm.output_layer_time_s(
         cluster.gpu, workload.seq_len, layout.micro_batch, d_model, vocab,
         tensor_parallel=layout.tp) / layout.cp
-    return layer_s * n_layers / layout.pp * microbatches + output_s, output_s
+    return (layer_s * n_layers / layout.pp * microbatches + output_s
+            + _fp8_weight_casts_s(workload, cluster, layout), output_s)
+
+
+def _fp8_weight_casts_s(workload: Workload, cluster: ClusterSpec, layout: Layout) -> float:
+    """Seconds a step spends quantizing the dense layers' linear weights to FP8 on one GPU, its
+    ``L / pp`` layers' :func:`fp8_weight_casts` over HBM bandwidth (0 in BF16). An MoE layer's
+    FP8 casts are not priced."""
+    if workload.precision == "bf16":
+        return 0.0
+    n_layers, d_model = workload.shape
+    dense_layers = n_layers - (0 if workload.moe is None else workload.moe_layers)
+    gemms = gemm.transformer_layer_gemms(workload.seq_len, layout.micro_batch, d_model,
+                                         workload.heads, ffn_hidden=workload.mlp_width,
+                                         tensor_parallel=layout.tp)
+    return (dense_layers / layout.pp * fp8_weight_casts(cluster.gpu, gemms)
+            / cluster.gpu.hbm_bytes_per_s)
 
 
 def expert_rows(workload: Workload, layout: Layout) -> int:
@@ -603,6 +630,82 @@ def _linear_gpu(gpu: hardware.GPU, precision: str) -> hardware.GPU:
     return replace(gpu, bf16_flops=hardware.peak_flops(gpu, precision="fp8"))
 
 
+#: The GPUs whose FP8 GEMMs need a second, physically transposed FP8 copy of every operand
+#: for the backward pass: Hopper's. Blackwell reads the columnwise usage in place
+#: [te_fp8_current_scaling].
+FP8_TRANSPOSED_COPY_GPUS = ("H100", "H200")
+FP8_BYTES = 1   # one FP8 value (E4M3 forward, E5M2 gradients)
+#: The linear GEMMs, Megatron's column-parallel ones (their input all-gathered over the tp GPUs
+#: under sequence parallelism), and those whose input comes from Transformer Engine's fused
+#: LayerNorm (LayerNormLinear: the norm kernel computes the amax as it writes).
+FP8_LINEAR_GEMMS = gemm.LAYER_GEMM_GROUPS["projections"] + gemm.LAYER_GEMM_GROUPS["MLP"]
+COLUMN_PARALLEL_GEMMS = ("qkv", "mlp_up")
+NORM_FED_GEMMS = ("qkv", "mlp_up")
+
+
+def fp8_cast_bytes(values: float, *, transposed_copy: bool, amax_fused: bool = False,
+                   gathered_over: int = 1) -> float:
+    """HBM bytes of quantizing ``values`` BF16 values to FP8 under Transformer Engine's current
+    scaling recipe (one FP32 scale per tensor, from the tensor's own amax)
+    [te_fp8_current_scaling]: an amax kernel reads the tensor (2 bytes a value) unless its
+    producer computed the amax on the way (``amax_fused``); the cast reads it again (2) and
+    writes the rowwise FP8 copy (1) and, on Hopper (``transposed_copy``), the transposed one
+    (1). A tensor all-gathered over ``gathered_over`` > 1 GPUs (sequence parallelism) is
+    quantized rowwise on the GPU's ``1/gathered_over`` shard, gathered in FP8, and its
+    transposed copy is made in the backward from the gathered FP8 tensor (read 1, write 1):
+    Transformer Engine cannot all-gather FP8 columnwise data on Hopper."""
+    amax = 0 if amax_fused else BYTES_PER_VALUE
+    rowwise = (amax + BYTES_PER_VALUE + FP8_BYTES) * values / gathered_over
+    if not transposed_copy:
+        return rowwise
+    return rowwise + (2 if gathered_over > 1 else 1) * FP8_BYTES * values
+
+
+def fp8_activation_casts(gpu: hardware.GPU, gemms: tuple[gemm.Gemm, ...], *,
+                         tensor_parallel: int, sequence_parallel: bool,
+                         ) -> tuple[gemm.Elementwise, ...]:
+    """The FP8 quantization kernels of one layer's micro-batch (:func:`fp8_cast_bytes`): each
+    linear GEMM's input ``A`` (``m x k``) in its forward and recomputed forward, and its
+    output's gradient (``m x n``) in the backward; the weights are :func:`fp8_weight_casts`.
+
+    Megatron Core with Transformer Engine [te_fp8_current_scaling]: QKV and the MLP's first
+    GEMM take their input from LayerNormLinear's norm, which computes the amax as it writes; the
+    output projection's input (attention's output), the MLP's second GEMM's (Megatron's own
+    gated activation) and every gradient need an amax kernel of their own. Under sequence
+    parallelism the column-parallel GEMMs' inputs and the row-parallel GEMMs' output gradients
+    are all-gathered, so quantized on the GPU's shard. Shapes are the planner's GEMMs (a GQA
+    model's QKV counted at ``3 d`` like its FLOPs)."""
+    transposed = gpu.name in FP8_TRANSPOSED_COPY_GPUS
+    gather = tensor_parallel if sequence_parallel else 1
+    kernels = []
+    for g in gemms:
+        if g.name not in FP8_LINEAR_GEMMS or g.pass_ not in ("forward", "recompute"):
+            continue
+        column = g.name in COLUMN_PARALLEL_GEMMS
+        kernels.append(gemm.Elementwise("fp8_cast_input", fp8_cast_bytes(
+            g.m * g.k, transposed_copy=transposed, amax_fused=g.name in NORM_FED_GEMMS,
+            gathered_over=gather if column else 1), g.pass_))
+        if g.pass_ == "forward":
+            kernels.append(gemm.Elementwise("fp8_cast_grad_output", fp8_cast_bytes(
+                g.m * g.n, transposed_copy=transposed,
+                gathered_over=1 if column else gather), "dgrad"))
+    return tuple(kernels)
+
+
+def fp8_weight_casts(gpu: hardware.GPU, gemms: tuple[gemm.Gemm, ...]) -> float:
+    """HBM bytes of quantizing one layer's linear weights (``k x n`` of each forward linear
+    GEMM) to FP8 (:func:`fp8_cast_bytes`): once a step, not once a micro-batch, because
+    Megatron Core marks the first micro-batch (``forward_step`` calls
+    ``set_is_first_microbatch`` in ``megatron/core/pipeline_parallel/schedules.py``; read in
+    the search index's copy, its release not pinned) and Transformer Engine v2.9 caches the
+    FP8 weights for the rest (``is_first_microbatch``, ``update_workspace`` in
+    ``module/linear.py``). An assumption for ZeRO-3, whose gathered weights may be cast again
+    in every micro-batch."""
+    transposed = gpu.name in FP8_TRANSPOSED_COPY_GPUS
+    return sum(fp8_cast_bytes(g.k * g.n, transposed_copy=transposed) for g in gemms
+               if g.name in FP8_LINEAR_GEMMS and g.pass_ == "forward")
+
+
 @functools.lru_cache(maxsize=4096)   # a layout search prices the same layer many times
 def _layer_time_s(gpu: hardware.GPU, precision: str, seq_len: int, micro_batch: int,
                   d_model: int, n_heads: int, *, ffn_hidden: float, tensor_parallel: int,
@@ -611,12 +714,15 @@ def _layer_time_s(gpu: hardware.GPU, precision: str, seq_len: int, micro_batch: 
     :func:`clusterlab.analytic.gemm.transformer_layer_time_s`; FP8, the same GEMMs and
     element-wise kernels with the linear GEMMs (QKV, output projection, MLP) at the GPU's FP8
     peak (:func:`clusterlab.catalog.hardware.peak_flops`), as Transformer Engine's FP8 recipe
-    runs them, and attention's two GEMMs in BF16 (its default attention is not FP8).
+    runs them, and attention's two GEMMs in BF16 (its default attention is not FP8), plus
+    FP8's own casts of the activations and gradients (:func:`fp8_activation_casts`), priced
+    like every element-wise kernel by their bytes over HBM bandwidth.
 
     The FP8 GEMMs keep the BF16 GEMMs' ceiling as a fraction of their peak
     (:func:`clusterlab.analytic.gemm.matmul_ceiling`; an assumption: the course has no FP8
     matmul benchmark row) and their BF16 bytes (an over-estimate of a memory-bound GEMM's
-    traffic). FP8's own element-wise work (scaling, casts, amax) is not priced."""
+    traffic). Not priced: the amax all-reduce over the tp GPUs of a gathered tensor (a few
+    bytes, latency only) and the scale computation (one value)."""
     shape = dict(ffn_hidden=ffn_hidden, tensor_parallel=tensor_parallel, recompute=recompute)
     if precision == "bf16":
         return gemm.transformer_layer_time_s(gpu, seq_len, micro_batch, d_model, n_heads,
@@ -626,6 +732,8 @@ def _layer_time_s(gpu: hardware.GPU, precision: str, seq_len: int, micro_batch: 
     gemms = gemm.transformer_layer_gemms(seq_len, micro_batch, d_model, n_heads, **shape)
     kernels = gemm.transformer_layer_elementwise(seq_len, micro_batch, d_model, n_heads,
                                                  sequence_parallel=sequence_parallel, **shape)
+    kernels += fp8_activation_casts(gpu, gemms, tensor_parallel=tensor_parallel,
+                                    sequence_parallel=sequence_parallel)
     return (sum(gemm.gemm_time_s(g, gpu if g.name in attention else fp8) for g in gemms)
             + sum(k.hbm_bytes for k in kernels) / gpu.hbm_bytes_per_s)
 

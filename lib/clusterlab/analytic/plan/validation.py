@@ -208,8 +208,12 @@ def tokens_per_s_per_gpu(plan: Plan) -> float:
 
 def fp8_validation_table(*, precision: str = "fp8") -> list[ValidationRow]:
     """The published FP8 runs (:data:`clusterlab.catalog.published.fp8_runs.ROWS`), tokens per
-    second per GPU, each predicted under the planner's defaults; none sets a parameter.
-    ``precision="bf16"`` gives the same rows priced as BF16 training (the before)."""
+    second per GPU, each predicted under the planner's defaults: the linear GEMMs at the FP8
+    peak and Transformer Engine's current-scaling casts by their bytes
+    (:func:`clusterlab.analytic.plan.prediction.fp8_activation_casts`,
+    :func:`~clusterlab.analytic.plan.prediction.fp8_weight_casts`), the recipe the rows name
+    ("FP8-CS"); none sets a parameter. ``precision="bf16"`` gives the same rows priced as BF16
+    training (the before)."""
     rows = []
     for run in fp8_runs.ROWS:
         predicted = fp8_plan(run, precision=precision)
