@@ -105,6 +105,30 @@ def test_moe_kernels_move_the_bytes_of_the_dispatcher_and_the_activation():
     assert sum(k.hbm_bytes for k in one) == (128 + 192 + 192 + 576) + (128 + 192 + 192 + 960)
 
 
+def test_gpt_oss_expert_kernels_of_the_release_move_their_bytes():
+    """The same hand count with GPT-OSS's two eager expert kernels of Megatron Core 0.15. The
+    clamp: 8 f values a row forward (2 x 16 x 8 x 6 rows = 1,536 bytes), 10 f backward (1,920).
+    The fc2 bias added expert by expert: 6 d values a row each way (2 x 8 x 6 x 6 = 576).
+    moe_act recomputation runs the activation and its clamp again (576 + 1,536)."""
+    args = dict(top_k=2, n_experts=4, received_rows=6, local_experts=2)
+    base = gemm.moe_elementwise(4, 8, 16, **args)
+    gpt_oss = gemm.moe_elementwise(4, 8, 16, activation_clamp=True, expert_bias=True, **args)
+    extra = {p: sum(k.hbm_bytes for k in gpt_oss if k.pass_ == p)
+             - sum(k.hbm_bytes for k in base if k.pass_ == p) for p in ("forward", "dgrad")}
+    assert extra == {"forward": 1536 + 576, "dgrad": 1920 + 576}
+    recomputed = gemm.moe_elementwise(4, 8, 16, activation_clamp=True, expert_bias=True,
+                                      recompute_activation=True, **args)
+    again = [k for k in recomputed if k.pass_ == "recompute"]
+    assert sorted(k.name for k in again) == ["expert_activation", "expert_activation_clamp"]
+    assert sum(k.hbm_bytes for k in again) == 576 + 1536
+    # full recomputation already runs every forward again: moe_act adds nothing to it
+    full = dict(activation_clamp=True, expert_bias=True, recompute="full")
+    assert (gemm.moe_elementwise(4, 8, 16, recompute_activation=True, **full, **args)
+            == gemm.moe_elementwise(4, 8, 16, **full, **args))
+    assert gemm.clamp_bytes_per_row(2880, tensor_parallel=2) == {"forward": 2 * 8 * 1440,
+                                                                 "dgrad": 2 * 10 * 1440}
+
+
 # --- the planner's MoE layer -----------------------------------------------------------------
 
 def test_load_imbalance_makes_the_busiest_expert_the_pace():

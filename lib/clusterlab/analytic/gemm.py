@@ -47,6 +47,14 @@ References:
     the all-to-all, permutation 2 ``sort_chunks_by_idxs`` when a GPU holds more than one
     expert, and their mirrors in the combine) and ``moe_utils.py``.
     https://github.com/NVIDIA/Megatron-LM
+    [megatron_core_0_15_experts] Megatron Core 0.15 (``core_dev_r0.15.0``, commit 0d8e071, the
+    Megatron-LM that Megatron-Bridge 0.2.0, NeMo 25.11, pins): ``megatron/core/transformer/
+    moe/experts.py`` (``TEGroupedMLP``: ``linear_fc2`` built with ``skip_bias_add=True``, its
+    bias then added expert by expert in ``_apply_bias``: ``t + b * p`` per expert and a
+    ``torch.cat``) and ``megatron/core/fusions/fused_bias_geglu.py``
+    (``weighted_bias_quick_geglu_impl``: with ``activation_func_clamp_value`` set, the two
+    halves are clamped and concatenated in eager PyTorch before the fused activation).
+    https://github.com/NVIDIA/Megatron-LM/tree/0d8e0714cd29c01e164fe6de9f532182bdffa942
 """
 
 from __future__ import annotations
@@ -507,10 +515,36 @@ def router_gemms(tokens: int, d_model: int, n_experts: int) -> tuple[Gemm, ...]:
     return (logits, *_backward(logits))
 
 
+def clamp_bytes_per_row(expert_mlp_width: int, tensor_parallel: int = 1) -> dict[str, float]:
+    """HBM bytes a received row moves through a clamped gated activation's clamp, by pass
+    [megatron_core_0_15_experts]: ``weighted_bias_quick_geglu_impl`` clamps the gate half and
+    the linear half of the ``2f/t`` fc1 output (each read and written, ``2 * 2f/t`` values) and
+    concatenates them (read and written again, ``2 * 2f/t``): ``8f/t`` values forward. The
+    backward runs each clamp's gradient (read the gradient and the input, write the input's
+    gradient: ``3f/t`` each) and the concatenation's, which joins the halves' gradients
+    (``2 * 2f/t``): ``10f/t`` values. GPT-OSS clamps at 7 (``activation_func_clamp_value``)."""
+    half = _checks.count("expert_mlp_width", expert_mlp_width) / _checks.count(
+        "tensor_parallel", tensor_parallel)
+    return {"forward": BYTES_PER_VALUE * 8 * half, "dgrad": BYTES_PER_VALUE * 10 * half}
+
+
+def expert_bias_bytes_per_row(d_model: int) -> dict[str, float]:
+    """HBM bytes a received row moves through Megatron Core's expert output bias, by pass
+    [megatron_core_0_15_experts]: ``TEGroupedMLP._apply_bias`` adds each expert's fc2 bias
+    weighted by the router's probability, ``t + b * p``, in eager PyTorch (BF16 when the router
+    runs in BF16, its default): ``b * p`` writes ``d`` values, the sum reads ``2d`` and writes
+    ``d``, the ``torch.cat`` of the experts reads and writes ``d``: ``6d`` forward. Backward,
+    the gradients of ``b`` and ``p`` each multiply (read ``d``, write ``d``) and reduce (read
+    ``d``): ``6d``. A model without expert biases (Mixtral, DeepSeek-V3) has none of it."""
+    d = _checks.count("d_model", d_model)
+    return {"forward": BYTES_PER_VALUE * 6 * d, "dgrad": BYTES_PER_VALUE * 6 * d}
+
+
 def moe_elementwise(tokens: int, d_model: int, expert_mlp_width: int, *, top_k: int,
                     n_experts: int, received_rows: int, local_experts: int,
-                    tensor_parallel: int = 1,
-                    recompute: str = "flash") -> tuple[Elementwise, ...]:
+                    tensor_parallel: int = 1, recompute: str = "flash",
+                    activation_clamp: bool = False, expert_bias: bool = False,
+                    recompute_activation: bool = False) -> tuple[Elementwise, ...]:
     """The memory-bound kernels of one MoE layer on one GPU, with the HBM bytes each moves
     (2 bytes a value; the router's probabilities in FP32, 4): Megatron Core's all-to-all token
     dispatcher [megatron_moe_dispatcher] and its experts' activation.
@@ -535,6 +569,13 @@ def moe_elementwise(tokens: int, d_model: int, expert_mlp_width: int, *, top_k: 
         local_experts: experts the GPU holds (``E / ep``): permutation 2 runs only for > 1.
         tensor_parallel: t, the experts' f split over t GPUs.
         recompute: one of :data:`RECOMPUTE_POLICIES`.
+        activation_clamp: the gated activation clamps its input first (GPT-OSS), in eager
+            kernels: :func:`clamp_bytes_per_row` a received row.
+        expert_bias: the experts' fc2 has a bias, added expert by expert
+            (:func:`expert_bias_bytes_per_row` a received row).
+        recompute_activation: Megatron Core's ``recompute_modules=["moe_act"]``: the
+            activation (and its clamp) discarded after the forward and run again in the
+            backward [megatron_core_0_15_experts]. Already counted under full recomputation.
 
     Returns:
         The kernels, forward first.
@@ -554,4 +595,20 @@ def moe_elementwise(tokens: int, d_model: int, expert_mlp_width: int, *, top_k: 
     forward.append(Elementwise("expert_activation", v * rows * 3 * f / t))
     backward = [Elementwise(kernel.name, kernel.hbm_bytes, "dgrad") for kernel in forward[:-1]]
     backward.append(Elementwise("expert_activation", v * rows * 5 * f / t, "dgrad"))
-    return tuple(forward + _recomputed(forward, policy, set()) + backward)
+    for name, present, per_row in (
+            ("expert_activation_clamp", activation_clamp, clamp_bytes_per_row(f, t)),
+            ("expert_bias", expert_bias, expert_bias_bytes_per_row(d))):
+        if present:
+            forward.append(Elementwise(name, rows * per_row["forward"]))
+            backward.append(Elementwise(name, rows * per_row["dgrad"], "dgrad"))
+    recomputed = _recomputed(forward, policy, set())
+    if recompute_activation and policy not in FULL_RECOMPUTE:
+        # "full" marks every op given as recomputed: here only the activation's
+        recomputed += _recomputed([k for k in forward if k.name in _ACTIVATION_KERNELS], "full",
+                                  set())
+    return tuple(forward + recomputed + backward)
+
+
+#: The kernels Megatron Core's ``moe_act`` recomputation runs again: the gated activation and
+#: its clamp (``TEGroupedMLP.forward``'s ``bias_act_func`` [megatron_core_0_15_experts]).
+_ACTIVATION_KERNELS = frozenset({"expert_activation", "expert_activation_clamp"})
