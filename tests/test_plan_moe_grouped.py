@@ -252,7 +252,9 @@ def test_the_unpriced_time_grows_with_tokens_and_a_faster_gpu_does_not_shrink_it
     critical path. H100, 26.02: 1,280 x 4,096 tokens / (5,993 x 64) = 13.67 s published, 83 x 9
     passes (80 micro-batches, 4 stages). On H100 it grows from 8.5 ms (4,096 tokens a
     micro-batch) to 23 ms (16,384); on B200 at the H100 25.11 row's batch, micro-batch and ep it
-    is larger still (31 ms), so it is not a term that a faster GPU shrinks."""
+    is larger still (31 ms), so it is not a term that a faster GPU shrinks. The growth rests on
+    the 25.11 table's micro-batch of 4, which the release's configuration file gives as 1
+    (tests/test_plan_moe_release.py)."""
     rows = {r.run: r for r in validation.moe_validation_table()}
     h100_mb4, h100_mb1, b200 = (rows[f"GPT-OSS 120B, 64 {gpu}, NeMo {release}"]
                                 for gpu, release in (("H100", "25.11"), ("H100", "26.02"),

@@ -22,6 +22,25 @@ things the planner cannot express: attention 4096 wide (64 x 64) against the 288
 residual stream (the planner takes attention as wide as ``d_model``), and a 128-token sliding
 window on every other layer (the planner prices full causal attention).
 
+What the release ran (Megatron-Bridge 0.2.0, the 25.11 container's, which pins Megatron Core
+0.15 at commit 0d8e071 and Transformer Engine 2.9; ``src/megatron/bridge/models/gpt_oss/
+gpt_oss_provider.py``, ``src/megatron/bridge/recipes/gpt_oss/gpt_oss.py`` and
+``scripts/performance/configs/gpt_oss/``): the all-to-all dispatcher with fused permutations,
+Transformer Engine's grouped GEMM, no auxiliary loss (``moe_router_load_balancing_type
+"none"``) and random router logits to force the balance (``moe_router_force_load_balancing``),
+biases on every linear layer (``add_bias_linear``), a gated quick-GELU clamped at 7 with an
+offset of 1 on its linear half, learned attention sinks (``softmax_type "learnable"``, fused by
+Transformer Engine from 2.8 on) and a 128-token window on every other layer. BF16 pads
+nothing (the expert inputs are padded only in FP8 and FP4). The configuration recomputes
+``layernorm`` and ``moe_act`` on H100, B200 and GB200, and on GB300 captures ``attn``,
+``moe_router`` and ``moe_preprocess`` in CUDA graphs instead.
+
+The table and that configuration file disagree on some layouts: H100 micro-batch 1 in the file
+(4 in the table), B200 expert parallelism 64 (8), GB200 and GB300 a batch of 512 sequences of
+4,096 at micro-batch 4 (1,280 of 8,192 at 1 and 2). The 26.02 table's rows match the 26.02
+release's file (Megatron-Bridge 0.3.0). The rows keep the tables' layouts: they are what was
+measured.
+
 Units: tokens per second per GPU.
 """
 
