@@ -20,6 +20,7 @@ Megatron-LM 1T, 3072 A100 (HFU, recompute)       52%         61.9%       +19%
 PaLM 540B, 6144 TPU v4 (MFU)                     46.2%       47.1%       +2.0%
 Llama 3 405B, 8192 H100 (MFU)                    43%         43.0%       -0.0%
 Llama 3 405B, 16384 H100 (MFU)                   41%         32.8%       -20%
+Llama 3 405B, 16384 H100, 131K context (MFU)     38%         34.5%       -9.2%
 Korthikanti Table 5, 8 rows (iteration time)     see below               -7% to -14%
 ==============================================  ==========  ==========  =======
 
@@ -44,7 +45,7 @@ from dataclasses import replace
 
 import pytest
 
-from clusterlab.analytic import costmodel, plan
+from clusterlab.analytic import costmodel, flops, plan
 from clusterlab.catalog import hardware
 from clusterlab.catalog.published import training_runs
 
@@ -161,6 +162,8 @@ def test_palm_540b_on_6144_tpu_v4():
     # -0.2%, -20.2%; before the output layer was priced: +4.4%, -17.4%.
     ("Llama 3 405B, 8192 H100", -0.000, 0.10),       # predicted 43.0%
     ("Llama 3 405B, 16384 H100", -0.200, 0.25),      # predicted 32.8%
+    # 131,072-token sequences over cp 16, dp 8: 16 micro-batches, the same bubble fraction
+    ("Llama 3 405B, 16384 H100, 131K context", -0.092, 0.25),   # predicted 34.5%
 ])
 def test_llama3_405b_on_h100(name, expected_error, tolerance):
     row = _row(name)
@@ -249,8 +252,8 @@ def test_korthikanti_errors_by_regime():
     summary = plan.validation.regime_summary(list(ROWS.values()))
     medians = {name: s["median_abs_error"] for name, s in summary.items()}
     print({name: f"{m:.1%}" for name, m in medians.items()})
-    expected = {"all": 0.090, "Korthikanti 22B": 0.109, "Korthikanti 175B-1T": 0.090,
-                "utilization": 0.106, "Korthikanti full": 0.080,
+    expected = {"all": 0.092, "Korthikanti 22B": 0.109, "Korthikanti 175B-1T": 0.090,
+                "utilization": 0.092, "Korthikanti full": 0.080,
                 "Korthikanti selective": 0.121}
     assert medians == pytest.approx(expected, abs=0.01)
     korthikanti = [r for r in ROWS.values() if r.run.startswith("Korthikanti")]
@@ -258,7 +261,7 @@ def test_korthikanti_errors_by_regime():
     assert statistics.median(abs(r.error) for r in korthikanti) == pytest.approx(0.090,
                                                                                   abs=0.01)
     assert max(abs(r.error) for r in ROWS.values()) < 0.25
-    assert summary["all"]["rows"] == 12
+    assert summary["all"]["rows"] == 13
 
 
 def test_validation_table_formats_every_row():
@@ -269,16 +272,17 @@ def test_validation_table_formats_every_row():
         plan.validation.regime_summary(list(ROWS.values())))
     assert "Korthikanti selective" in summary
     cells = plan.validation.table_cells(list(ROWS.values()))
-    assert len(cells) == 12 and all(len(c) == len(plan.validation.TABLE_HEADER) for c in cells)
+    assert len(cells) == 13 and all(len(c) == len(plan.validation.TABLE_HEADER) for c in cells)
 
 
 def test_regimes_outside_the_goals_are_named():
-    # where chapter 08 and lab 10 say the planner is not to be trusted to the goals' precision:
-    # the 22B (median 10.9%), selective recomputation (12.1%) and the utilization rows (median
-    # 10.3%, Llama 3 on 16384 H100 at -20.2%); every other regime meets both goals
+    # where the planner is not to be trusted to the goals' precision: the 22B (median 10.9%)
+    # and selective recomputation (12.1%). The utilization rows' median is 9.2% with Llama 3's
+    # 131K row (10.6% without it; Llama 3 on 16384 H100 still at -20.0%); every other regime
+    # meets both goals
     summary = plan.validation.regime_summary(list(ROWS.values()))
     outside = plan.validation.outside_goals(summary)
-    assert set(outside) == {"Korthikanti 22B", "Korthikanti selective", "utilization"}
+    assert set(outside) == {"Korthikanti 22B", "Korthikanti selective"}
     assert all(s["max_abs_error"] < plan.validation.ROW_GOAL for s in summary.values())
 
 
@@ -290,8 +294,9 @@ def test_every_row_is_checked_against_the_planners_memory_model():
     of 71.7 usable; the row says why the run fit (one layer fewer on the first stage, Dubey et
     al. 2024, section 3.3.2), and with that layer removed the model fits it."""
     rows = list(ROWS.values())
-    assert {r.run for r in rows if not r.fits} == {"Llama 3 405B, 8192 H100",
-                                                   "Llama 3 405B, 16384 H100"}
+    assert {r.run for r in rows if not r.fits} == {
+        "Llama 3 405B, 8192 H100", "Llama 3 405B, 16384 H100",
+        "Llama 3 405B, 16384 H100, 131K context"}
     for row in rows:
         assert row.fits == (row.plan.memory_bytes <= row.plan.memory_limit_bytes)
         assert bool(row.memory_note) == (not row.fits)
@@ -306,7 +311,7 @@ def test_every_row_is_checked_against_the_planners_memory_model():
     assert balanced < llama.memory_limit_bytes < llama.memory_bytes
     text = plan.validation.format_validation_table(rows)
     assert "72.8 (71.7)" in text and "no, see note" in text
-    assert text.count("note: Llama 3 405B") == 2 and "section 3.3.2" in text
+    assert text.count("note: Llama 3 405B") == 3 and "section 3.3.2" in text
 
 
 def test_errors_per_source_are_signed_and_kept_apart():
@@ -320,17 +325,47 @@ def test_errors_per_source_are_signed_and_kept_apart():
     assert korthikanti["lowest"] == pytest.approx(-0.137, abs=0.01)
     assert summary["narayanan2021"]["median"] == pytest.approx(0.191, abs=0.02)
     assert summary["dubey2024"]["lowest"] == pytest.approx(-0.200, abs=0.02)
+    assert summary["dubey2024"]["rows"] == 3
+    assert summary["dubey2024"]["median"] == pytest.approx(-0.092, abs=0.01)
     text = plan.validation.format_source_summary(list(summary.values()))
     assert "korthikanti2022  dense  8" in text and "-13.7%" in text
 
 
 def test_the_goals_hold_on_the_rows_that_set_no_parameter():
-    """Issue 38's goals on the rows that set nothing (all twelve, all dense): median |error|
-    9.0% <= 10% and the largest 20.0% <= 25%. No mixture-of-experts row is in the table, so
+    """Issue 38's goals on the rows that set nothing (all thirteen, all dense): median |error|
+    9.2% <= 10% and the largest 20.0% <= 25%. No mixture-of-experts row is in the table, so
     nothing is claimed for one."""
     rows = [r for r in ROWS.values() if not r.sets_parameter]
-    assert len(rows) == 12 and all(r.plan.workload.moe is None for r in rows)
+    assert len(rows) == 13 and all(r.plan.workload.moe is None for r in rows)
     median = statistics.median(abs(r.error) for r in rows)
-    assert median == pytest.approx(0.090, abs=0.005) and median <= plan.validation.MEDIAN_GOAL
+    assert median == pytest.approx(0.092, abs=0.005) and median <= plan.validation.MEDIAN_GOAL
     largest = max(abs(r.error) for r in rows)
     assert largest == pytest.approx(0.200, abs=0.005) and largest <= plan.validation.ROW_GOAL
+
+
+def test_llama3_long_context_row_from_table_4():
+    """Dubey et al. 2024, Table 4's third row, read from the catalog (mfu_records) and set no
+    parameter: 16384 H100, tp 8, cp 16, pp 16, dp 8, 128 sequences of 131,072 tokens, 38% MFU.
+    Each GPU holds 8,192 tokens of a sequence, so its memory is the 16384-GPU 8K row's. The
+    plain 1F1B bubble (16 micro-batches on 16 stages) is 48% of the predicted step; an
+    interleaved schedule of v = 2 would give 45.2%. Attention's unmasked score GEMMs are more
+    than half a layer's time: the planner prices the whole s x s matrix where a causal
+    FlashAttention kernel skips the masked half. Table 4 does not say which count its 380
+    TFLOP/s use: if the masked half is left out, the published MFU in the planner's
+    convention is 38% x 1.40 = 53%, and the error would be -35%, not -9.2%."""
+    row = ROWS["Llama 3 405B, 16384 H100, 131K context"]
+    run = plan.validation.LLAMA3_LONG_CONTEXT
+    assert (run.source.startswith("Dubey et al. 2024") and run.source.endswith("Table 4")
+            and not row.sets_parameter and row.source == "dubey2024")
+    layout, workload = row.plan.layout, row.plan.workload
+    assert (layout.tp, layout.cp, layout.pp, layout.dp) == (8, 16, 16, 8)
+    assert (workload.seq_len, workload.global_batch, row.published) == (131072, 128, 0.38)
+    assert row.plan.cp_comm_s > 0 and workload.recompute_policy == "flash"
+    eight_k = ROWS["Llama 3 405B, 16384 H100"].plan
+    assert row.plan.activation_bytes == pytest.approx(eight_k.activation_bytes, rel=1e-6)
+    assert row.plan.bubble_s / row.plan.step_s == pytest.approx(0.475, abs=0.01)
+    interleaved = plan.predict(workload, row.plan.hardware, replace(layout, virtual_stages=2))
+    assert interleaved.mfu == pytest.approx(0.452, abs=0.01)
+    convention = flops.mfu_convention_over_causal(405e9, 126, 131072, 16384)
+    assert convention == pytest.approx(1.40, abs=0.01)
+    assert _error(row.predicted, row.published * convention) == pytest.approx(-0.35, abs=0.01)

@@ -18,7 +18,9 @@ The rows:
   parameter).
 * Narayanan et al. 2021, Table 1 [narayanan2021]: the 1T model on 3072 A100, 52% HFU.
 * Chowdhery et al. 2022 [chowdhery2022]: PaLM 540B on 6144 TPU v4, 46.2% MFU.
-* Dubey et al. 2024, Table 4 [dubey2024]: Llama 3 405B on 8192 and 16384 H100, 43% and 41% MFU.
+* Dubey et al. 2024, Table 4 [dubey2024]: Llama 3 405B on 8192 and 16384 H100, 43% and 41% MFU
+  (sequences of 8192), and on 16384 H100 with sequences of 131,072 over 16-way context
+  parallelism, 38% MFU (:func:`llama3_long_context_plan`).
 
 FP8 training is held apart (:func:`fp8_validation_table`): three Llama 3 runs on H100 from
 NVIDIA's Megatron-Bridge performance summary (:mod:`clusterlab.catalog.published.fp8_runs`).
@@ -45,7 +47,7 @@ from clusterlab.analytic.plan.prediction import Plan, predict, predict_published
 from clusterlab.analytic.plan.workload import (Assumptions, cluster, Layout, MoE, Workload,
                                                shape_params)
 from clusterlab.catalog import hardware
-from clusterlab.catalog.published import fp8_runs, moe_runs, training_runs
+from clusterlab.catalog.published import fp8_runs, mfu_records, moe_runs, training_runs
 
 #: The metric of the FP8 rows (fp8_validation_table)
 TOKENS_METRIC = "tokens/s per GPU"
@@ -175,6 +177,29 @@ def llama3_plan(run: training_runs.MfuRun, *, virtual_stages: int = 1) -> Plan:
     return predict_published(run, virtual_stages=virtual_stages, vocab_size=LLAMA3_VOCAB)
 
 
+#: Llama 3 405B's long-context row of Dubey et al. 2024, Table 4 (16384 H100, tp 8, cp 16,
+#: pp 16, dp 8, sequences of 131,072, 38% MFU), as the catalog keeps it.
+LLAMA3_LONG_CONTEXT = next(run for run in mfu_records.PUBLISHED_RUNS
+                           if run.model == "Llama 3 405B, 131,072-token context")
+
+
+def llama3_long_context_plan() -> Plan:
+    """The planner's prediction of :data:`LLAMA3_LONG_CONTEXT` under its published layout and
+    the defaults of the two 8K-token rows (:func:`llama3_plan`): ZeRO-1, the plain 1F1B
+    schedule, FlashAttention without recomputation (Table 4 states no recomputation policy),
+    Llama 3's vocabulary. Each GPU holds ``131,072 / 16`` = 8,192 tokens of a sequence, so its
+    activations are those of the 16384-GPU 8K row. The planner prices the whole ``s x s`` score
+    matrix, where a causal FlashAttention kernel skips the masked half
+    (:func:`clusterlab.analytic.flops.causal_flops_per_token`)."""
+    run = LLAMA3_LONG_CONTEXT
+    workload = Workload(run.n_params, run.seq_len, run.global_batch, n_layers=run.n_layers,
+                        d_model=run.d_model, n_heads=run.n_heads, n_kv_heads=run.n_kv_heads,
+                        vocab_size=run.vocab_size)
+    layout = Layout(dp=run.dp, tp=run.tp, pp=run.pp, cp=run.cp, zero_stage=1)
+    return predict(workload, cluster(run.gpu, run.n_gpus, storage_read_bytes_per_s=1e12),
+                   layout)
+
+
 def embedding_share(plan: Plan) -> float:
     """The output layer's ``V d`` parameters as a share of the workload's ``n_params`` (what is
     counted twice when ``n_params`` includes them; 0 without a vocabulary)."""
@@ -296,10 +321,9 @@ def unpriced_s_per_layer_pass(row: ValidationRow) -> float:
 def validation_table() -> list[ValidationRow]:
     """Every published row, predicted under the planner's defaults (Megatron's FP32 gradients
     for the Korthikanti rows): Korthikanti Table 5 (8 rows), Megatron 1T (HFU), PaLM (MFU),
-    Llama 3 405B (MFU, 2 rows). Twelve predictions: 0.73 s in a fresh process on the course's
-    2-core machine at load average 15 (2 December 2026), 0.01 s once clusterlab.analytic.gemm has
-    cached
-    the layers."""
+    Llama 3 405B (MFU, 3 rows: 8K tokens on 8192 and 16384 GPUs, 131K on 16384). Twelve
+    predictions took 0.73 s in a fresh process on the course's 2-core machine at load average
+    15 (2 December 2026), 0.01 s once clusterlab.analytic.gemm has cached the layers."""
     rows = []
     for run in training_runs.rows(timed=True):
         predicted = korthikanti_plan(run)
@@ -319,6 +343,11 @@ def validation_table() -> list[ValidationRow]:
                                   predicted.mfu, "utilization", "dubey2024",
                                   run.role != "test", predicted,
                                   llama3_memory_note(predicted)))
+    long_context = llama3_long_context_plan()
+    rows.append(ValidationRow("Llama 3 405B, 16384 H100, 131K context", "MFU",
+                              LLAMA3_LONG_CONTEXT.mfu, long_context.mfu, "utilization",
+                              "dubey2024", False, long_context,
+                              llama3_memory_note(long_context)))
     unexplained = [r.run for r in rows if not r.fits and not r.memory_note]
     if unexplained:
         raise AssertionError(f"{unexplained} do not fit the planner's memory model and no note "
