@@ -72,6 +72,9 @@ class MoeRun(NamedTuple):
     #: the domain ends at the host
     nvlink_domain_gpus: int | None = None
     fabric_link: str = "IB-NDR"  # the NIC between hosts (hardware.LINKS)
+    #: Megatron Core's recompute_modules in the release's performance configuration
+    #: (scripts/performance/configs/gpt_oss/ of Megatron-Bridge 0.2.0 and 0.3.0)
+    recompute_modules: tuple[str, ...] = ()
 
     @property
     def dp(self) -> int:
@@ -82,12 +85,19 @@ class MoeRun(NamedTuple):
 #: GPT-OSS 120B's shape: (layers, width, heads, K/V heads, experts, top-k, expert MLP, vocab)
 GPT_OSS_120B_SHAPE = (36, 2880, 64, 8, 128, 4, 2880, 201_088)
 
+#: what the H100, B200 and GB200 configurations recompute (GB300's uses CUDA graphs instead)
+NORMS_AND_EXPERT_ACTIVATION = ("layernorm", "moe_act")
+
 ROWS: tuple[MoeRun, ...] = (
-    MoeRun("GPT-OSS 120B", "25.11", 64, 512, 4, 4096, 1, 4, 8, 5630),
-    MoeRun("GPT-OSS 120B", "26.02", 64, 1280, 1, 4096, 1, 4, 8, 5993),
-    MoeRun("GPT-OSS 120B", "25.11", 64, 512, 4, 4096, 1, 1, 8, 8213, gpu="B200"),
+    MoeRun("GPT-OSS 120B", "25.11", 64, 512, 4, 4096, 1, 4, 8, 5630,
+           recompute_modules=NORMS_AND_EXPERT_ACTIVATION),
+    MoeRun("GPT-OSS 120B", "26.02", 64, 1280, 1, 4096, 1, 4, 8, 5993,
+           recompute_modules=NORMS_AND_EXPERT_ACTIVATION),
+    MoeRun("GPT-OSS 120B", "25.11", 64, 512, 4, 4096, 1, 1, 8, 8213, gpu="B200",
+           recompute_modules=NORMS_AND_EXPERT_ACTIVATION),
     MoeRun("GPT-OSS 120B", "25.11", 64, 1280, 1, 8192, 1, 1, 64, 15876, gpu="GB200",
-           gpus_per_node=4, nvlink_domain_gpus=64),
+           gpus_per_node=4, nvlink_domain_gpus=64,
+           recompute_modules=NORMS_AND_EXPERT_ACTIVATION),
     MoeRun("GPT-OSS 120B", "25.11", 64, 1280, 2, 8192, 1, 1, 64, 18347, gpu="GB300",
            gpus_per_node=4, nvlink_domain_gpus=64, fabric_link="IB-XDR"),
 )
