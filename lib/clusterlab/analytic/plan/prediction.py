@@ -588,7 +588,8 @@ def _moe_layer_time_s(gpu: hardware.GPU, precision: str, seq_len: int, micro_bat
     * the router's GEMMs over the ``routed_tokens`` (:func:`clusterlab.analytic.gemm.
       router_gemms`) and the dispatcher's permutations, the router's softmax and the experts'
       gated activation by their bytes over HBM (:func:`clusterlab.analytic.gemm.
-      moe_elementwise`).
+      moe_elementwise`), with the clamp, the expert bias and the activation's recomputation
+      where ``spec`` asks for them.
 
     FP8 runs the linear GEMMs (QKV, output projection, the experts') at the FP8 peak, as
     :func:`_layer_time_s` does; attention's two GEMMs and the router stay BF16.
@@ -617,7 +618,10 @@ def _moe_layer_time_s(gpu: hardware.GPU, precision: str, seq_len: int, micro_bat
     kernels = gemm.moe_elementwise(routed_tokens, d_model, spec.expert_mlp_width,
                                    top_k=spec.top_k, n_experts=spec.n_experts,
                                    received_rows=rows * local_experts,
-                                   local_experts=local_experts, **layer)
+                                   local_experts=local_experts,
+                                   activation_clamp=spec.activation_clamp,
+                                   expert_bias=spec.expert_bias,
+                                   recompute_activation=spec.recompute_activation, **layer)
     kernels_s = sum(k.hbm_bytes for k in kernels) / gpu.hbm_bytes_per_s
     return attention_s / context_parallel + experts_s + router_s + kernels_s
 

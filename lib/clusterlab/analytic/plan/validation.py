@@ -261,10 +261,15 @@ def unstated_memory_note(plan: Plan) -> str:
 def moe_plan(run: moe_runs.MoeRun) -> Plan:
     """The planner's prediction of one published mixture-of-experts run
     (:mod:`clusterlab.catalog.published.moe_runs`) under its layout, ZeRO-1 (Megatron's
-    distributed optimizer), no recomputation."""
+    distributed optimizer), no recomputation of the layers. The experts run as the release ran
+    them (moe_runs' note): GPT-OSS's clamped activation and fc2 biases, in Megatron Core 0.15's
+    eager kernels (``fused_bias_geglu``, ``experts.TEGroupedMLP._apply_bias``), and the
+    activation recomputed where the release's configuration lists ``moe_act``
+    (:attr:`~clusterlab.catalog.published.moe_runs.MoeRun.recompute_modules`)."""
     layers, width, heads, kv_heads, experts, top_k, expert_mlp, vocab = (
         moe_runs.GPT_OSS_120B_SHAPE)
-    spec = MoE(experts, top_k, expert_mlp)
+    spec = MoE(experts, top_k, expert_mlp, activation_clamp=True, expert_bias=True,
+               recompute_activation="moe_act" in run.recompute_modules)
     n_params = shape_params(layers, width, n_heads=heads, n_kv_heads=kv_heads,
                             vocab_size=vocab, moe=spec)
     workload = Workload(n_params, run.seq_len, run.global_batch, n_layers=layers,

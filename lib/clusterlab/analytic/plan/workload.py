@@ -66,8 +66,23 @@ class MoE:
     #: only by an auxiliary loss gives the max / mean its paper measured. The all-to-all's
     #: buffers stay ``capacity_factor``'s (a dropless run with imbalance needs one >= it).
     load_imbalance: float = 1.0
+    #: the gated activation clamps its two halves first, in eager kernels, as GPT-OSS does
+    #: (its clamp at 7; Megatron Core 0.15's fused_bias_geglu): their bytes are priced
+    #: (clusterlab.analytic.gemm.clamp_bytes_per_row)
+    activation_clamp: bool = False
+    #: the experts' output projection has a bias, added expert by expert in eager kernels
+    #: (GPT-OSS; Megatron Core 0.15's experts.TEGroupedMLP._apply_bias): priced by its bytes
+    #: (clusterlab.analytic.gemm.expert_bias_bytes_per_row). Mixtral and DeepSeek-V3 have none
+    expert_bias: bool = False
+    #: the experts' activation (and its clamp) is discarded after the forward and run again in
+    #: the backward (Megatron Core's recompute_modules=["moe_act"]); full recomputation
+    #: already runs it again, so it adds nothing there
+    recompute_activation: bool = False
 
     def __post_init__(self) -> None:
+        for flag in ("activation_clamp", "expert_bias", "recompute_activation"):
+            if not isinstance(getattr(self, flag), bool):
+                raise ValueError(f"MoE.{flag} is True or False; got {getattr(self, flag)!r}.")
         count("n_experts", self.n_experts)
         count("top_k", self.top_k)
         count("expert_mlp_width", self.expert_mlp_width)
