@@ -47,7 +47,7 @@ def test_every_layout_axis_pinned_gives_that_one_layout_in_the_json_schema(capsy
     assert SCHEMA <= set(only), set(only)
     assert only["layout"] == {"dp": 2, "tp": 4, "pp": 2, "cp": 1, "ep": 1, "zero_stage": 1,
                               "micro_batch": 1, "virtual_stages": 2, "sequence_parallel": True,
-                              "recompute": "flash"}
+                              "recompute": "flash", "load_imbalance": None}
     assert only["step_s"] > 0 and 0 < only["mfu"] < 1 and only["fits"] is True
     # tokens per second per GPU is the batch's tokens over the step and the 16 GPUs
     assert only["tokens_per_s_per_gpu"] == pytest.approx(64 * 8192 / only["step_s"] / 16)
@@ -141,6 +141,13 @@ def test_load_imbalance_slows_the_moe_step_and_only_the_compute(capsys):
     assert skewed_parts[term] == parts[term]
     print(f"Mixtral, 16 H100, ep 2: step {balanced['step_s']:.3f} s balanced, "
           f"{skewed['step_s']:.3f} s at load imbalance 1.5")
+
+
+def test_json_layout_shows_the_load_imbalance_it_was_priced_at(capsys):
+    (balanced,) = plans(capsys, *MIXTRAL_PINNED)
+    (skewed,) = plans(capsys, *MIXTRAL_PINNED, "--load-imbalance", "1.5")
+    assert balanced["layout"]["load_imbalance"] == 1.0
+    assert skewed["layout"]["load_imbalance"] == 1.5
 
 
 def test_load_imbalance_is_refused_for_a_dense_model_or_below_one(capsys):

@@ -374,7 +374,8 @@ def mfu_warning(plan: Plan) -> str | None:
 
 
 def plan_record(plan: Plan) -> dict:
-    """One plan as plain data (``plan --json``): the layout, ``step_s``, ``mfu``,
+    """One plan as plain data (``plan --json``): the layout (with the experts' load imbalance
+    it was priced at, None for a dense model), ``step_s``, ``mfu``,
     ``tokens_per_s_per_gpu``, ``memory_bytes_per_gpu``, ``fits``, ``bottleneck``, the step's
     parts in seconds and the published MFU it exceeds (None when it does not)."""
     layout, best = plan.layout, published_mfu(plan)
@@ -386,7 +387,9 @@ def plan_record(plan: Plan) -> dict:
                    "micro_batch": layout.micro_batch,
                    "virtual_stages": layout.virtual_stages,
                    "sequence_parallel": layout.sequence_parallel,
-                   "recompute": plan.workload.recompute_policy},
+                   "recompute": plan.workload.recompute_policy,
+                   "load_imbalance": (None if plan.workload.moe is None
+                                      else plan.workload.moe.load_imbalance)},
         "step_s": plan.step_s, "mfu": plan.mfu,
         "tokens_per_s_per_gpu": plan.workload.tokens_per_step / plan.step_s
         / plan.hardware.n_gpus,
