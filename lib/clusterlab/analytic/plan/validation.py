@@ -286,8 +286,8 @@ def moe_plan(run: moe_runs.MoeRun) -> Plan:
 def moe_validation_table() -> list[ValidationRow]:
     """The published mixture-of-experts runs, tokens per second per GPU, each predicted under
     the planner's defaults; none sets a parameter. The experts run as grouped GEMMs on the
-    busiest GPU with the router and the permutations priced (prediction._moe_layer_time_s),
-    at a load imbalance of 1.0: the benchmarks force the balance (moe_runs' note), so no
+    busiest GPU with the router, the permutations and the release's eager expert kernels
+    priced (prediction._moe_layer_time_s, :func:`moe_plan`), at a load imbalance of 1.0: the benchmarks force the balance (moe_runs' note), so no
     imbalance is read from these rows. What the planner does not price (host-side work) is
     what these rows measure."""
     rows = []
