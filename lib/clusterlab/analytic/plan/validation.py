@@ -287,9 +287,9 @@ def moe_validation_table() -> list[ValidationRow]:
     """The published mixture-of-experts runs, tokens per second per GPU, each predicted under
     the planner's defaults; none sets a parameter. The experts run as grouped GEMMs on the
     busiest GPU with the router, the permutations and the release's eager expert kernels
-    priced (prediction._moe_layer_time_s, :func:`moe_plan`), at a load imbalance of 1.0: the benchmarks force the balance (moe_runs' note), so no
-    imbalance is read from these rows. What the planner does not price (host-side work) is
-    what these rows measure."""
+    priced (prediction._moe_layer_time_s, :func:`moe_plan`), at a load imbalance of 1.0: the
+    benchmarks force the balance (moe_runs' note), so no imbalance is read from these rows.
+    What the planner does not price (host-side work) is what these rows measure."""
     rows = []
     for run in moe_runs.ROWS:
         predicted = moe_plan(run)
