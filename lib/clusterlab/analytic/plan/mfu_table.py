@@ -19,8 +19,7 @@ from dataclasses import dataclass
 
 from clusterlab.analytic import flops
 from clusterlab.analytic.plan import validation
-from clusterlab.analytic.plan.prediction import Plan, predict
-from clusterlab.analytic.plan.workload import cluster, Layout, Workload
+from clusterlab.analytic.plan.prediction import Plan
 from clusterlab.catalog.published import mfu_records, training_runs
 
 #: One NIC port per GPU, as in the catalog's DGX nodes: HDR on A100 (DGX A100), NDR on H100
@@ -69,7 +68,8 @@ class PublishedMfuRow:
 
 def run_plan(run: mfu_records.PublishedRun) -> Plan:
     """The planner's prediction of a published run under its layout and the planner's default
-    assumptions (ZeRO-1, FlashAttention without recomputation).
+    assumptions (:func:`clusterlab.analytic.plan.validation.published_run_plan` on its GPU's
+    fabric, :data:`FABRIC_BY_GPU`): ZeRO-1, FlashAttention without recomputation.
 
     Raises:
         ValueError: for a run the planner cannot express here: a mixture of experts (``ep`` >
@@ -81,15 +81,7 @@ def run_plan(run: mfu_records.PublishedRun) -> Plan:
     if run.gpu not in FABRIC_BY_GPU:
         raise ValueError(f"{run.model} ran on {run.gpu}, which has no fabric in FABRIC_BY_GPU "
                          f"({sorted(FABRIC_BY_GPU)}); add its DGX node's NIC there first.")
-    workload = Workload(run.n_params, run.seq_len, run.global_batch, n_layers=run.n_layers,
-                        d_model=run.d_model, n_heads=run.n_heads,
-                        n_kv_heads=run.n_kv_heads, vocab_size=run.vocab_size,
-                        precision=run.precision)
-    spec = cluster(run.gpu, run.n_gpus, storage_read_bytes_per_s=1e12,
-                   fabric_link=FABRIC_BY_GPU[run.gpu])
-    layout = Layout(dp=run.dp, tp=run.tp, pp=run.pp, cp=run.cp, zero_stage=1,
-                    virtual_stages=run.virtual_stages)
-    return predict(workload, spec, layout)
+    return validation.published_run_plan(run, fabric_link=FABRIC_BY_GPU[run.gpu])
 
 
 def gpu_hours_mfu(run: mfu_records.PublishedRun, peak_flops_per_gpu: float) -> float:

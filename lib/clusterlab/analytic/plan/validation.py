@@ -20,7 +20,7 @@ The rows:
 * Chowdhery et al. 2022 [chowdhery2022]: PaLM 540B on 6144 TPU v4, 46.2% MFU.
 * Dubey et al. 2024, Table 4 [dubey2024]: Llama 3 405B on 8192 and 16384 H100, 43% and 41% MFU
   (sequences of 8192), and on 16384 H100 with sequences of 131,072 over 16-way context
-  parallelism, 38% MFU (:func:`llama3_long_context_plan`).
+  parallelism, 38% MFU (:func:`published_run_plan`).
 
 FP8 training is held apart (:func:`fp8_validation_table`): three Llama 3 runs on H100 from
 NVIDIA's Megatron-Bridge performance summary (:mod:`clusterlab.catalog.published.fp8_runs`).
@@ -183,21 +183,25 @@ LLAMA3_LONG_CONTEXT = next(run for run in mfu_records.PUBLISHED_RUNS
                            if run.model == "Llama 3 405B, 131,072-token context")
 
 
-def llama3_long_context_plan() -> Plan:
-    """The planner's prediction of :data:`LLAMA3_LONG_CONTEXT` under its published layout and
-    the defaults of the two 8K-token rows (:func:`llama3_plan`): ZeRO-1, the plain 1F1B
-    schedule, FlashAttention without recomputation (Table 4 states no recomputation policy),
-    Llama 3's vocabulary. Each GPU holds ``131,072 / 16`` = 8,192 tokens of a sequence, so its
-    activations are those of the 16384-GPU 8K row. The planner prices the whole ``s x s`` score
-    matrix, where a causal FlashAttention kernel skips the masked half
-    (:func:`clusterlab.analytic.flops.causal_flops_per_token`)."""
-    run = LLAMA3_LONG_CONTEXT
+def published_run_plan(run: mfu_records.PublishedRun, *, fabric_link: str = "IB-NDR") -> Plan:
+    """The planner's prediction of a published dense run (:mod:`clusterlab.catalog.published.
+    mfu_records`) under its layout and the planner's defaults: ZeRO-1, FlashAttention without
+    recomputation, its own vocabulary and precision, the nodes joined by ``fabric_link``.
+
+    For :data:`LLAMA3_LONG_CONTEXT` these are the two 8K-token rows' defaults
+    (:func:`llama3_plan`; Table 4 states no recomputation policy). Each GPU holds
+    ``131,072 / 16`` = 8,192 tokens of a sequence, so its activations are those of the
+    16384-GPU 8K row. The planner prices the whole ``s x s`` score matrix, where a causal
+    FlashAttention kernel skips the masked half
+    (:func:`clusterlab.analytic.flops.causal_flops_per_token`). The published-runs table
+    (:func:`clusterlab.analytic.plan.mfu_table.run_plan`) prices its rows with it."""
     workload = Workload(run.n_params, run.seq_len, run.global_batch, n_layers=run.n_layers,
                         d_model=run.d_model, n_heads=run.n_heads, n_kv_heads=run.n_kv_heads,
-                        vocab_size=run.vocab_size)
-    layout = Layout(dp=run.dp, tp=run.tp, pp=run.pp, cp=run.cp, zero_stage=1)
-    return predict(workload, cluster(run.gpu, run.n_gpus, storage_read_bytes_per_s=1e12),
-                   layout)
+                        vocab_size=run.vocab_size, precision=run.precision)
+    spec = cluster(run.gpu, run.n_gpus, storage_read_bytes_per_s=1e12, fabric_link=fabric_link)
+    layout = Layout(dp=run.dp, tp=run.tp, pp=run.pp, cp=run.cp, zero_stage=1,
+                    virtual_stages=run.virtual_stages)
+    return predict(workload, spec, layout)
 
 
 def embedding_share(plan: Plan) -> float:
@@ -348,7 +352,7 @@ def validation_table() -> list[ValidationRow]:
                                   predicted.mfu, "utilization", "dubey2024",
                                   run.role != "test", predicted,
                                   llama3_memory_note(predicted)))
-    long_context = llama3_long_context_plan()
+    long_context = published_run_plan(LLAMA3_LONG_CONTEXT)
     rows.append(ValidationRow("Llama 3 405B, 16384 H100, 131K context", "MFU",
                               LLAMA3_LONG_CONTEXT.mfu, long_context.mfu, "utilization",
                               "dubey2024", False, long_context,
