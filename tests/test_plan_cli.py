@@ -231,3 +231,62 @@ def test_shape_params_counts_the_experts():
     assert mixtral == pytest.approx(46.7e9, rel=2e-3)
     with pytest.raises(ValueError, match="needs the MLP width"):
         plan.shape_params(32, 4096, n_heads=32, moe=plan.MoE(8, 2, 14336, n_moe_layers=16))
+
+
+def published_moe_argv(run) -> list[str]:
+    """The `plan` flags that describe one published GPT-OSS run (moe_runs.ROWS): its shape, the
+    release's expert kernels, its cluster and its layout, every axis pinned."""
+    from clusterlab.catalog.published import moe_runs
+    layers, width, heads, kv_heads, experts, top_k, expert_mlp, vocab = (
+        moe_runs.GPT_OSS_120B_SHAPE)
+    recompute = (["--recompute-expert-activation"] if "moe_act" in run.recompute_modules
+                 else [])
+    domain = [] if run.nvlink_domain_gpus is None else ["--nvlink-domain",
+                                                         str(run.nvlink_domain_gpus)]
+    return ["--layers", str(layers), "--d-model", str(width), "--heads", str(heads),
+            "--kv-heads", str(kv_heads), "--vocab", str(vocab), "--experts", str(experts),
+            "--top-k", str(top_k), "--expert-mlp", str(expert_mlp), "--clamped-activation",
+            "--expert-bias", *recompute, "--seq-len", str(run.seq_len),
+            "--batch", str(run.global_batch), "--gpu", run.gpu, "--gpus", str(run.n_gpus),
+            "--gpus-per-node", str(run.gpus_per_node), *domain, "--fabric", run.fabric_link,
+            "--storage-gb-s", "1000", "--tensor-parallel", str(run.tp),
+            "--pipeline-parallel", str(run.pp), "--context-parallel", "1",
+            "--expert-parallel", str(run.ep), "--micro-batches", str(run.micro_batch),
+            "--virtual-stages", "1", "--zero", "1", "--recompute", "flash", "--include-unfit"]
+
+
+def test_every_published_moe_row_can_be_typed_at_the_cli(capsys):
+    # A practitioner reproduces each row of the planner's MoE validation table from the
+    # command line: the same step to the last digit, GB200's and GB300's racks included.
+    from clusterlab.analytic.plan import validation
+    from clusterlab.catalog.published import moe_runs
+    for run in moe_runs.ROWS:
+        (typed,) = plans(capsys, *published_moe_argv(run))
+        assert typed["step_s"] == validation.moe_plan(run).step_s, run
+
+
+def test_the_rack_and_release_flags_change_the_step(capsys):
+    # negative controls: each new flag is read. Without --nvlink-domain the GB200 run's
+    # all-to-alls cross the NICs; without the release's kernels the experts run faster.
+    from clusterlab.catalog.published import moe_runs
+    gb200 = next(run for run in moe_runs.ROWS if run.gpu == "GB200")
+    argv = published_moe_argv(gb200)
+    (rack,) = plans(capsys, *argv)
+    without_domain = argv[:argv.index("--nvlink-domain")] + argv[argv.index("--nvlink-domain")
+                                                                  + 2:]
+    (hosts,) = plans(capsys, *without_domain)
+    term = "expert-parallel all-to-all (unvalidated)"
+    assert hosts["breakdown_s"][term] > 2 * rack["breakdown_s"][term]
+    for flag in ("--clamped-activation", "--expert-bias", "--recompute-expert-activation"):
+        (lighter,) = plans(capsys, *[a for a in argv if a != flag])
+        assert lighter["step_s"] < rack["step_s"], flag
+
+
+def test_the_rack_and_release_flags_refuse_what_they_cannot_describe(capsys):
+    dense = error(capsys, *LLAMA_8B, *CLUSTER, *PINNED, "--expert-bias")
+    assert "--expert-bias describes experts: give --experts too" in dense
+    trays = ["--gpu", "GB200", "--gpus", "72", "--gpus-per-node", "4"]
+    assert "not a whole number of hosts of 4 GPUs" in error(
+        capsys, *LLAMA_8B, *trays, "--nvlink-domain", "70", *PINNED)
+    assert "--nvlink-domain needs --gpus" in error(
+        capsys, *LLAMA_8B, "--tokens", "1e12", "--budget-days", "30", "--nvlink-domain", "72")

@@ -312,6 +312,15 @@ def _plan_layout_options(plan: argparse.ArgumentParser) -> None:
                       help="layers with experts (with --experts; default: every layer)")
     plan.add_argument("--capacity-factor", type=float,
                       help="expert capacity factor of the dispatch buffers (with --experts; 1)")
+    plan.add_argument("--clamped-activation", action="store_true",
+                      help="the experts' gated activation clamps its inputs in eager kernels, "
+                           "as GPT-OSS does (with --experts)")
+    plan.add_argument("--expert-bias", action="store_true",
+                      help="the experts' output projection has a bias, added expert by expert "
+                           "(GPT-OSS; with --experts)")
+    plan.add_argument("--recompute-expert-activation", action="store_true",
+                      help="the experts' activation is recomputed in the backward pass "
+                           "(Megatron Core's recompute_modules moe_act; with --experts)")
     plan.add_argument("--load-imbalance", type=float,
                       help="the busiest expert's tokens over the mean, >= 1 (with --experts; "
                            "1: balanced, as published benchmarks force it); the GPU holding "
@@ -331,6 +340,9 @@ def _plan_run_options(plan: argparse.ArgumentParser) -> None:
                                           "(default: the GPU's NVLink)")
     plan.add_argument("--fabric", default="IB-NDR", help="fabric link per NIC (IB-NDR)")
     plan.add_argument("--nics-per-node", type=int, help="fabric NICs per node (one per GPU)")
+    plan.add_argument("--nvlink-domain", type=int, default=None, metavar="GPUS",
+                      help="GPUs per NVLink domain where it spans hosts (72: an NVL72 rack of "
+                           "4-GPU hosts, with --gpus-per-node 4); default: the node's GPUs")
     plan.add_argument("--storage-gb-s", type=float, default=20.0,
                       help="shared storage read throughput in GB/s (20)")
     plan.add_argument("--efficiency", type=float, default=None,
@@ -389,7 +401,10 @@ def _moe(args: argparse.Namespace) -> plan.MoE | None:
     """The --experts options as a plan.MoE (None without --experts)."""
     extra = {"--top-k": args.top_k, "--expert-mlp": args.expert_mlp,
              "--moe-layers": args.moe_layers, "--capacity-factor": args.capacity_factor,
-             "--load-imbalance": args.load_imbalance}
+             "--load-imbalance": args.load_imbalance,
+             "--clamped-activation": args.clamped_activation or None,
+             "--expert-bias": args.expert_bias or None,
+             "--recompute-expert-activation": args.recompute_expert_activation or None}
     if args.experts is None:
         given = [flag for flag, value in extra.items() if value is not None]
         if given:
@@ -408,7 +423,9 @@ def _moe(args: argparse.Namespace) -> plan.MoE | None:
     return plan.MoE(args.experts, 2 if args.top_k is None else args.top_k, args.expert_mlp,
                     n_moe_layers=args.moe_layers,
                     capacity_factor=1.0 if args.capacity_factor is None
-                    else args.capacity_factor, load_imbalance=imbalance)
+                    else args.capacity_factor, load_imbalance=imbalance,
+                    activation_clamp=args.clamped_activation, expert_bias=args.expert_bias,
+                    recompute_activation=args.recompute_expert_activation)
 
 
 def _plan(args: argparse.Namespace) -> None:
@@ -447,6 +464,10 @@ def _plan(args: argparse.Namespace) -> None:
     if args.gpus is None:
         if args.budget_days is None or args.tokens is None:
             raise ValueError("Give --gpus, or --tokens and --budget-days to size the cluster.")
+        if args.nvlink_domain is not None:
+            raise ValueError("--nvlink-domain needs --gpus: sizing tries powers of two of "
+                             "nodes, which do not fill NVLink domains of "
+                             f"{args.nvlink_domain} GPUs.")
         design = plan.cluster(args.gpu, args.gpus_per_node,
                               storage_read_bytes_per_s=args.storage_gb_s * 1e9,
                               gpus_per_node=args.gpus_per_node, node_link=args.node_link,
@@ -459,7 +480,8 @@ def _plan(args: argparse.Namespace) -> None:
         cluster = plan.cluster(args.gpu, args.gpus,
                                storage_read_bytes_per_s=args.storage_gb_s * 1e9,
                                gpus_per_node=args.gpus_per_node, node_link=args.node_link,
-                               fabric_link=args.fabric, nics_per_node=args.nics_per_node)
+                               fabric_link=args.fabric, nics_per_node=args.nics_per_node,
+                               nvlink_domain_gpus=args.nvlink_domain)
     result = plan.search_layouts(workload, cluster, assumptions, space=space, limit=args.top,
                                  include_unfit=args.include_unfit)
     if args.json:

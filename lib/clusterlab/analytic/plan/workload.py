@@ -317,7 +317,8 @@ def shape_params(n_layers: int, d_model: int, *, n_heads: int, n_kv_heads: int |
 
 def cluster(gpu: str, n_gpus: int, *, storage_read_bytes_per_s: float, gpus_per_node: int = 8,
             node_link: str | None = None, fabric_link: str = "IB-NDR",
-            nics_per_node: int | None = None, name: str = "") -> ClusterSpec:
+            nics_per_node: int | None = None, nvlink_domain_gpus: int | None = None,
+            name: str = "") -> ClusterSpec:
     """A :class:`clusterlab.catalog.hardware.ClusterSpec` from names in
     :mod:`clusterlab.catalog.hardware`, counted in GPUs rather than nodes.
 
@@ -330,6 +331,8 @@ def cluster(gpu: str, n_gpus: int, *, storage_read_bytes_per_s: float, gpus_per_
             NVLink (``gpu.nvlink_bytes_per_s``).
         fabric_link: a key of ``hardware.LINKS``: one NIC port between nodes.
         nics_per_node: fabric NICs per node; None: one per GPU (rail-optimized, as in DGX).
+        nvlink_domain_gpus: GPUs of one NVLink domain that spans hosts (an NVL72 rack of 4-GPU
+            hosts: 72, or the share of it a run used); None: the domain ends at the node.
         name: a label; empty: ``"<n_gpus> x <GPU>, <fabric_link>"``.
 
     Returns:
@@ -348,6 +351,7 @@ def cluster(gpu: str, n_gpus: int, *, storage_read_bytes_per_s: float, gpus_per_
     nic = hardware.link(fabric_link).name
     return ClusterSpec(spec, n_nodes=n_gpus // per_node, gpus_per_node=per_node, nic=nic,
                        nics_per_node=nics_per_node, intra_node_link=node_link,
+                       nvlink_domain_gpus=nvlink_domain_gpus,
                        storage_read_bytes_per_s=positive("storage_read_bytes_per_s",
                                                          storage_read_bytes_per_s),
                        name=name or f"{n_gpus} x {spec.name}, {nic}")
