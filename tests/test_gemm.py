@@ -174,3 +174,55 @@ def test_h100_model_prices_thin_attention_above_its_flops_and_flash_or_wide_head
     assert attention_share(thin) > 2 * flops_share
     assert attention_share(flash) < attention_share(thin)
     assert attention_share(wide) < attention_share(thin)
+
+
+# --- fused causal attention (gemm.fused_attention_time_s) ----------------------------------
+
+def _fused_attention(seq_len: int, head_dim: int) -> dict[tuple[str, str], gemm.Gemm]:
+    """The attention GEMMs of a one-head layer under "flash", by (name, pass)."""
+    return {(g.name, g.pass_): g
+            for g in gemm.transformer_layer_gemms(seq_len, 1, head_dim, 1)
+            if g.name in gemm.LAYER_GEMM_GROUPS["attention"]}
+
+
+def test_a_fused_kernel_runs_the_unmasked_half_at_its_measured_rate():
+    # FlashAttention's accounting [dao2023]: half the scores under a causal mask, and 5
+    # matmuls in the backward for the model's 4; the rates are cuDNN's on an H100 at head
+    # dimension 128 [shah2024]: 529 TFLOP/s forward and 518 backward at 8,192 tokens
+    h100 = hardware.gpu("H100")
+    ops = _fused_attention(8192, 128)
+    scores, d_scores = ops["scores", "forward"], ops["scores", "dgrad"]
+    assert gemm.is_fused_attention(scores)
+    assert gemm.gemm_time_s(scores, h100) == pytest.approx(0.5 * scores.flops / 529e12)
+    assert gemm.gemm_time_s(d_scores, h100) == pytest.approx(
+        0.5 * 1.25 * d_scores.flops / 518e12)
+    # a layer's fused attention: 0.5 x (2 + 5) / (2 + 4) = 58% of the model's FLOPs
+    model_flops = sum(g.flops for g in ops.values())
+    assert sum(g.flops * (0.5 if g.pass_ == "forward" else 0.625)
+               for g in ops.values()) / model_flops == pytest.approx(7 / 12)
+
+
+@pytest.mark.parametrize("seq_len, row", [(256, 512), (3000, 2048), (8192, 8192),
+                                          (131072, 16384)])
+def test_the_rate_is_the_longest_measured_sequence_not_above_it(seq_len, row):
+    scores = _fused_attention(seq_len, 128)["scores", "forward"]
+    rates = dict(gemm.FUSED_ATTENTION_RATES["forward"])
+    assert gemm.measured_attention_rate(scores, hardware.gpu("H100")) == rates[row]
+
+
+def test_unmeasured_kernels_keep_the_gemm_model_and_unfused_ones_the_whole_matrix():
+    # another GPU or head dimension: the causal half at the GEMM model's rate
+    for gpu, head_dim in (("A100", 128), ("H100", 64)):
+        scores = _fused_attention(8192, head_dim)["scores", "forward"]
+        device = hardware.gpu(gpu)
+        assert gemm.measured_attention_rate(scores, device) is None
+        assert gemm.gemm_time_s(scores, device) == pytest.approx(
+            0.5 * gemm.gemm_compute_s(scores, device))
+    # negative control: an unfused kernel (Megatron's baddbmm, then the mask) computes every
+    # score, so "none" keeps the whole matrix and the roofline of its bytes
+    unfused = next(g for g in gemm.transformer_layer_gemms(8192, 1, 128, 1, recompute="none")
+                   if g.name == "scores")
+    h100 = hardware.gpu("H100")
+    assert not gemm.is_fused_attention(unfused)
+    assert gemm.gemm_time_s(unfused, h100) == max(gemm.gemm_compute_s(unfused, h100),
+                                                  unfused.hbm_bytes / h100.hbm_bytes_per_s)

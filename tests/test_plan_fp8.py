@@ -9,15 +9,17 @@ Errors (tokens per second per GPU, (predicted - published) / published):
 =======================  =========  ==========  ====================  ==================
 run                      published  as BF16     as FP8, casts unpriced  as FP8, casts priced
 =======================  =========  ==========  ====================  ==================
-Llama 3 8B, 8 H100       14,451     -20.8%      +23.2%                +14.3%
-Llama 3 70B, 64 H100     1,602      -30.2%      +1.4%                 -2.6%
-Llama 3.1 405B, 1024     292        -23.6%      +18.4%                +14.5%
+Llama 3 8B, 8 H100       14,451     -18.8%      +28.1%                +18.4%
+Llama 3 70B, 64 H100     1,602      -29.3%      +3.3%                 -0.9%
+Llama 3.1 405B, 1024     292        -23.0%      +19.8%                +15.8%
 =======================  =========  ==========  ====================  ==================
 
-Priced as BF16 the planner is too slow by 21-30%. As FP8 with Transformer Engine's
+Priced as BF16 the planner is too slow by 19-29%. As FP8 with Transformer Engine's
 current-scaling casts priced by their bytes (prediction.fp8_cast_bytes: an amax pass, the cast,
-and on Hopper a transposed FP8 copy for the backward), the median signed error is +14.3% (it was
-+18.4% with the casts unpriced). Its GEMMs are still assumed to reach the BF16 GEMMs' fraction
+and on Hopper a transposed FP8 copy for the backward), the median signed error is +15.8% (it is
++19.8% with the casts unpriced). Attention is a fused causal kernel at its measured rate
+(gemm.fused_attention_time_s); with the whole score matrix at the GEMM ceiling, as before that
+was priced, the three rows were +14.3%, -2.6% and +14.5%. Its GEMMs are still assumed to reach the BF16 GEMMs' fraction
 of their peak (no FP8 matmul benchmark in the course). Every row is within 25%; the median
 |error| is not within 10%.
 """
@@ -37,8 +39,8 @@ AS_BF16 = {r.run.split(",")[0]: r for r in plan.validation.fp8_validation_table(
 
 
 @pytest.mark.parametrize("name, as_bf16, as_fp8", [
-    ("Llama 3 8B", -0.208, 0.143), ("Llama 3 70B", -0.302, -0.026),
-    ("Llama 3.1 405B", -0.236, 0.145)])
+    ("Llama 3 8B", -0.188, 0.184), ("Llama 3 70B", -0.293, -0.009),
+    ("Llama 3.1 405B", -0.230, 0.158)])
 def test_fp8_rows_before_and_after(name, as_bf16, as_fp8):
     assert AS_BF16[name].error == pytest.approx(as_bf16, abs=0.02)
     assert FP8[name].error == pytest.approx(as_fp8, abs=0.02)
@@ -48,7 +50,7 @@ def test_fp8_rows_before_and_after(name, as_bf16, as_fp8):
 def test_fp8_errors_summarised_by_source():
     (summary,) = plan.validation.source_summary(list(FP8.values()))
     assert summary["source"] == "megatron_bridge_perf" and summary["rows"] == 3
-    assert summary["median"] == pytest.approx(0.143, abs=0.02)
+    assert summary["median"] == pytest.approx(0.158, abs=0.02)
     # honest about the goals: every row within 25%, the median above 10%
     assert max(abs(r.error) for r in FP8.values()) <= plan.validation.ROW_GOAL
     assert statistics.median(abs(r.error) for r in FP8.values()) > plan.validation.MEDIAN_GOAL

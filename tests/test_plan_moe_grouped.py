@@ -34,17 +34,17 @@ MIXTRAL = plan.Workload(46.7e9, 4096, 512, n_tokens=1e12, n_layers=32, d_model=4
 #: the published GPT-OSS 120B rows' errors, (predicted - published) / published, with the
 #: experts priced as grouped GEMMs and the release's eager expert kernels (the clamp, the fc2
 #: bias, moe_act recomputation but on GB300) priced (in moe_runs.ROWS's order)
-ERRORS = {"GPT-OSS 120B, 64 H100, NeMo 25.11": 0.463,
-          "GPT-OSS 120B, 64 H100, NeMo 26.02": 0.668,
-          "GPT-OSS 120B, 64 B200, NeMo 25.11": 1.166,
-          "GPT-OSS 120B, 64 GB200, NeMo 25.11": 0.739,
-          "GPT-OSS 120B, 64 GB300, NeMo 25.11": 0.577}
+ERRORS = {"GPT-OSS 120B, 64 H100, NeMo 25.11": 0.509,
+          "GPT-OSS 120B, 64 H100, NeMo 26.02": 0.716,
+          "GPT-OSS 120B, 64 B200, NeMo 25.11": 1.198,
+          "GPT-OSS 120B, 64 GB200, NeMo 25.11": 0.859,
+          "GPT-OSS 120B, 64 GB300, NeMo 25.11": 0.691}
 #: the same rows with the grouped GEMMs but without the release's eager expert kernels
-ERRORS_WITHOUT_RELEASE_KERNELS = {"GPT-OSS 120B, 64 H100, NeMo 25.11": 0.653,
-                                  "GPT-OSS 120B, 64 H100, NeMo 26.02": 0.863,
-                                  "GPT-OSS 120B, 64 B200, NeMo 25.11": 1.282,
-                                  "GPT-OSS 120B, 64 GB200, NeMo 25.11": 0.971,
-                                  "GPT-OSS 120B, 64 GB300, NeMo 25.11": 0.733}
+ERRORS_WITHOUT_RELEASE_KERNELS = {"GPT-OSS 120B, 64 H100, NeMo 25.11": 0.712,
+                                  "GPT-OSS 120B, 64 H100, NeMo 26.02": 0.923,
+                                  "GPT-OSS 120B, 64 B200, NeMo 25.11": 1.317,
+                                  "GPT-OSS 120B, 64 GB200, NeMo 25.11": 1.126,
+                                  "GPT-OSS 120B, 64 GB300, NeMo 25.11": 0.872}
 
 
 # --- the grouped GEMM -----------------------------------------------------------------------
@@ -188,11 +188,11 @@ def test_expert_all_to_all_stays_on_nvlink_inside_a_racks_domain():
 # --- the published rows ----------------------------------------------------------------------
 
 def test_moe_rows_are_reported_apart_and_still_too_fast():
-    """Every GPT-OSS 120B row is predicted too fast, by 46% to 117%: the grouped GEMMs, the
+    """Every GPT-OSS 120B row is predicted too fast, by 51% to 120%: the grouped GEMMs, the
     router, the permutations and the release's eager expert kernels are priced, the load is
     balanced by the benchmarks, the all-to-alls are on NVLink, and what is left is not priced
     (host-side work: kernel launches and the dispatcher's device-to-host synchronisations). The
-    B200 row shows it: the planner makes B200 2.16 times the H100 on the same batch,
+    B200 row shows it: the planner makes B200 2.13 times the H100 on the same batch,
     micro-batch and ep; the published runs differ by 1.46. No goal holds for a mixture of
     experts."""
     rows = validation.moe_validation_table()
@@ -203,7 +203,7 @@ def test_moe_rows_are_reported_apart_and_still_too_fast():
     assert summary["kind"] == "moe" and summary["rows"] == 5
     assert summary["lowest"] > validation.ROW_GOAL
     h100, b200 = rows[0], rows[2]
-    assert b200.predicted / h100.predicted == pytest.approx(2.16, abs=0.01)
+    assert b200.predicted / h100.predicted == pytest.approx(2.13, abs=0.01)
     assert b200.published / h100.published == pytest.approx(1.46, abs=0.01)
     first, *others = rows
     assert not first.fits and "does not say what the run recomputed" in first.memory_note
@@ -223,13 +223,13 @@ def _without_release_kernels(predicted: plan.Plan) -> plan.Plan:
 def test_the_releases_expert_kernels_move_every_row_toward_its_published_figure():
     """GPT-OSS's clamp and concatenation before the activation, its fc2 bias added expert by
     expert (both eager in Megatron Core 0.15) and, but on GB300, moe_act recomputation: priced
-    by their bytes they take 11 to 24 points off every row. They only slow the step: each
+    by their bytes they take 11 to 27 points off every row. They only slow the step: each
     row's prediction drops and its all-to-alls stay."""
     for row in validation.moe_validation_table():
         plain = _without_release_kernels(row.plan)
         plain_error = validation.tokens_per_s_per_gpu(plain) / row.published - 1
         assert plain_error == pytest.approx(ERRORS_WITHOUT_RELEASE_KERNELS[row.run], abs=0.005)
-        assert 0.11 < plain_error - row.error < 0.24, (row.run, plain_error, row.error)
+        assert 0.11 < plain_error - row.error < 0.28, (row.run, plain_error, row.error)
         assert row.plan.ep_comm_s == plain.ep_comm_s
         print(f"{row.run}: {plain_error:+.1%} without the release's kernels, "
               f"{row.error:+.1%} with them")
@@ -248,11 +248,11 @@ def test_moe_release_kernel_flags_are_true_or_false():
 #: MLP at a dense GEMM's efficiency)
 GROUPED_COMMIT = "90ef2ba"
 #: the same rows' errors before it, on today's catalog and cluster descriptions
-ERRORS_BEFORE = {"GPT-OSS 120B, 64 H100, NeMo 25.11": 0.755,
-                 "GPT-OSS 120B, 64 H100, NeMo 26.02": 0.977,
-                 "GPT-OSS 120B, 64 B200, NeMo 25.11": 1.325,
-                 "GPT-OSS 120B, 64 GB200, NeMo 25.11": 1.067,
-                 "GPT-OSS 120B, 64 GB300, NeMo 25.11": 0.819}
+ERRORS_BEFORE = {"GPT-OSS 120B, 64 H100, NeMo 25.11": 0.823,
+                 "GPT-OSS 120B, 64 H100, NeMo 26.02": 1.045,
+                 "GPT-OSS 120B, 64 B200, NeMo 25.11": 1.362,
+                 "GPT-OSS 120B, 64 GB200, NeMo 25.11": 1.239,
+                 "GPT-OSS 120B, 64 GB300, NeMo 25.11": 0.973}
 BEFORE_SCRIPT = """
 import json
 from clusterlab.analytic.plan import validation
@@ -268,7 +268,7 @@ def test_every_moe_row_is_closer_than_with_one_balanced_mlp(tmp_path):
     """Before and after, the same rows: prediction.py and workload.py of GROUPED_COMMIT's parent
     (the experts as one MLP of their FLOPs over the micro-batch's tokens, no router or
     permutation) on today's library, both without the release's expert kernels. Every row
-    moves toward its published figure, by 4 to 12 points; none gets near."""
+    moves toward its published figure, by 5 to 12 points; none gets near."""
     if shutil.which("git") is None or not (ROOT / ".git").exists():
         pytest.skip("this checkout has no git history, so the planner before the change cannot "
                     "be rebuilt for the comparison; run it in a git clone")
@@ -288,7 +288,7 @@ def test_every_moe_row_is_closer_than_with_one_balanced_mlp(tmp_path):
     after = {r.run: validation.tokens_per_s_per_gpu(_without_release_kernels(r.plan))
              / r.published - 1 for r in validation.moe_validation_table()}
     for row, error in after.items():
-        assert 0.04 < before[row] - error < 0.12, (row, before[row], error)
+        assert 0.04 < before[row] - error < 0.13, (row, before[row], error)
     for row in after:
         print(f"{row}: {before[row]:+.1%} before, {after[row]:+.1%} after")
 
@@ -296,8 +296,8 @@ def test_every_moe_row_is_closer_than_with_one_balanced_mlp(tmp_path):
 def test_the_unpriced_time_grows_with_tokens_and_a_faster_gpu_does_not_shrink_it():
     """Where the rest is: the published step less the predicted one, per layer pass on the
     critical path. H100, 26.02: 1,280 x 4,096 tokens / (5,993 x 64) = 13.67 s published, 83 x 9
-    passes (80 micro-batches, 4 stages). On H100 it grows from 7.3 ms (4,096 tokens a
-    micro-batch) to 19 ms (16,384); on B200 at the H100 25.11 row's batch, micro-batch and ep it
+    passes (80 micro-batches, 4 stages). On H100 it grows from 7.6 ms (4,096 tokens a
+    micro-batch) to 20 ms (16,384); on B200 at the H100 25.11 row's batch, micro-batch and ep it
     is larger still (30 ms), so it is not a term that a faster GPU shrinks. The growth rests on
     the 25.11 table's micro-batch of 4, which the release's configuration file gives as 1
     (tests/test_plan_moe_release.py)."""
@@ -310,9 +310,9 @@ def test_the_unpriced_time_grows_with_tokens_and_a_faster_gpu_does_not_shrink_it
         (published_step_s - h100_mb1.plan.step_s) / (83 * 9), rel=1e-12)
     seconds = {name: validation.unpriced_s_per_layer_pass(r)
                for name, r in (("H100 mb1", h100_mb1), ("H100 mb4", h100_mb4), ("B200", b200))}
-    assert seconds["H100 mb1"] == pytest.approx(7.3e-3, abs=0.1e-3)
-    assert seconds["H100 mb4"] == pytest.approx(18.6e-3, abs=0.1e-3)
-    assert seconds["B200"] == pytest.approx(29.8e-3, abs=0.1e-3)
+    assert seconds["H100 mb1"] == pytest.approx(7.6e-3, abs=0.1e-3)
+    assert seconds["H100 mb4"] == pytest.approx(19.8e-3, abs=0.1e-3)
+    assert seconds["B200"] == pytest.approx(30.2e-3, abs=0.1e-3)
     print({name: f"{s * 1e3:.1f} ms" for name, s in seconds.items()})
     with pytest.raises(ValueError, match="needs a 'tokens/s per GPU' row"):
         validation.unpriced_s_per_layer_pass(validation.validation_table()[0])

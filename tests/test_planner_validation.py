@@ -18,9 +18,9 @@ ring all-reduce busbw, 8 x H100 (NCCL #1455)     367.5 GB/s  353.5 GB/s  -3.8%
 NVLink SHARP all-reduce busbw, 8 x H100          480 GB/s    474.0 GB/s  -1.3%
 Megatron-LM 1T, 3072 A100 (HFU, recompute)       52%         61.9%       +19%
 PaLM 540B, 6144 TPU v4 (MFU)                     46.2%       47.1%       +2.0%
-Llama 3 405B, 8192 H100 (MFU)                    43%         43.0%       -0.0%
-Llama 3 405B, 16384 H100 (MFU)                   41%         32.8%       -20%
-Llama 3 405B, 16384 H100, 131K context (MFU)     38%         34.5%       -9.2%
+Llama 3 405B, 8192 H100 (MFU)                    43%         43.3%       +0.8%
+Llama 3 405B, 16384 H100 (MFU)                   41%         33.0%       -19%
+Llama 3 405B, 16384 H100, 131K context (MFU)     38%         36.6%       -3.6%
 Korthikanti Table 5, 8 rows (iteration time)     see below               -7% to -14%
 ==============================================  ==========  ==========  =======
 
@@ -159,11 +159,13 @@ def test_palm_540b_on_6144_tpu_v4():
 @pytest.mark.parametrize("name, expected_error, tolerance", [
     # Dubey et al. 2024, Table 4 [dubey2024] (published.training_runs.LLAMA3_405B): 8192 GPUs,
     # dp 64, 43% BF16 MFU; 16384 GPUs, dp 128, 41%. With a fixed half of the all-reduce hidden:
-    # -0.2%, -20.2%; before the output layer was priced: +4.4%, -17.4%.
-    ("Llama 3 405B, 8192 H100", -0.000, 0.10),       # predicted 43.0%
-    ("Llama 3 405B, 16384 H100", -0.200, 0.25),      # predicted 32.8%
+    # -0.2%, -20.2%; before the output layer was priced: +4.4%, -17.4%; before attention was
+    # priced as a fused causal kernel at its measured rate (gemm.fused_attention_time_s):
+    # -0.0%, -20.0% and -9.2% for the 131K row.
+    ("Llama 3 405B, 8192 H100", 0.008, 0.10),        # predicted 43.3%
+    ("Llama 3 405B, 16384 H100", -0.194, 0.25),      # predicted 33.0%
     # 131,072-token sequences over cp 16, dp 8: 16 micro-batches, the same bubble fraction
-    ("Llama 3 405B, 16384 H100, 131K context", -0.092, 0.25),   # predicted 34.5%
+    ("Llama 3 405B, 16384 H100, 131K context", -0.036, 0.25),   # predicted 36.6%
 ])
 def test_llama3_405b_on_h100(name, expected_error, tolerance):
     row = _row(name)
@@ -252,8 +254,8 @@ def test_korthikanti_errors_by_regime():
     summary = plan.validation.regime_summary(list(ROWS.values()))
     medians = {name: s["median_abs_error"] for name, s in summary.items()}
     print({name: f"{m:.1%}" for name, m in medians.items()})
-    expected = {"all": 0.092, "Korthikanti 22B": 0.109, "Korthikanti 175B-1T": 0.090,
-                "utilization": 0.092, "Korthikanti full": 0.080,
+    expected = {"all": 0.085, "Korthikanti 22B": 0.109, "Korthikanti 175B-1T": 0.090,
+                "utilization": 0.036, "Korthikanti full": 0.080,
                 "Korthikanti selective": 0.121}
     assert medians == pytest.approx(expected, abs=0.01)
     korthikanti = [r for r in ROWS.values() if r.run.startswith("Korthikanti")]
@@ -277,8 +279,8 @@ def test_validation_table_formats_every_row():
 
 def test_regimes_outside_the_goals_are_named():
     # where the planner is not to be trusted to the goals' precision: the 22B (median 10.9%)
-    # and selective recomputation (12.1%). The utilization rows' median is 9.2% with Llama 3's
-    # 131K row (10.6% without it; Llama 3 on 16384 H100 still at -20.0%); every other regime
+    # and selective recomputation (12.1%). The utilization rows' median is 3.6% with Llama 3's
+    # 131K row (10.5% without it; Llama 3 on 16384 H100 still at -19.4%); every other regime
     # meets both goals
     summary = plan.validation.regime_summary(list(ROWS.values()))
     outside = plan.validation.outside_goals(summary)
@@ -324,23 +326,23 @@ def test_errors_per_source_are_signed_and_kept_apart():
     assert korthikanti["median"] == pytest.approx(-0.090, abs=0.01)
     assert korthikanti["lowest"] == pytest.approx(-0.137, abs=0.01)
     assert summary["narayanan2021"]["median"] == pytest.approx(0.191, abs=0.02)
-    assert summary["dubey2024"]["lowest"] == pytest.approx(-0.200, abs=0.02)
+    assert summary["dubey2024"]["lowest"] == pytest.approx(-0.194, abs=0.02)
     assert summary["dubey2024"]["rows"] == 3
-    assert summary["dubey2024"]["median"] == pytest.approx(-0.092, abs=0.01)
+    assert summary["dubey2024"]["median"] == pytest.approx(-0.036, abs=0.01)
     text = plan.validation.format_source_summary(list(summary.values()))
     assert "korthikanti2022  dense  8" in text and "-13.7%" in text
 
 
 def test_the_goals_hold_on_the_rows_that_set_no_parameter():
     """Issue 38's goals on the rows that set nothing (all thirteen, all dense): median |error|
-    9.2% <= 10% and the largest 20.0% <= 25%. No mixture-of-experts row is in the table, so
+    8.5% <= 10% and the largest 19.4% <= 25%. No mixture-of-experts row is in the table, so
     nothing is claimed for one."""
     rows = [r for r in ROWS.values() if not r.sets_parameter]
     assert len(rows) == 13 and all(r.plan.workload.moe is None for r in rows)
     median = statistics.median(abs(r.error) for r in rows)
-    assert median == pytest.approx(0.092, abs=0.005) and median <= plan.validation.MEDIAN_GOAL
+    assert median == pytest.approx(0.085, abs=0.005) and median <= plan.validation.MEDIAN_GOAL
     largest = max(abs(r.error) for r in rows)
-    assert largest == pytest.approx(0.200, abs=0.005) and largest <= plan.validation.ROW_GOAL
+    assert largest == pytest.approx(0.194, abs=0.005) and largest <= plan.validation.ROW_GOAL
 
 
 def test_llama3_long_context_row_from_table_4():
@@ -348,11 +350,11 @@ def test_llama3_long_context_row_from_table_4():
     parameter: 16384 H100, tp 8, cp 16, pp 16, dp 8, 128 sequences of 131,072 tokens, 38% MFU.
     Each GPU holds 8,192 tokens of a sequence, so its memory is the 16384-GPU 8K row's. The
     plain 1F1B bubble (16 micro-batches on 16 stages) is 48% of the predicted step; an
-    interleaved schedule of v = 2 would give 45.2%. Attention's unmasked score GEMMs are more
-    than half a layer's time: the planner prices the whole s x s matrix where a causal
-    FlashAttention kernel skips the masked half. Table 4 does not say which count its 380
-    TFLOP/s use: if the masked half is left out, the published MFU in the planner's
-    convention is 38% x 1.40 = 53%, and the error would be -35%, not -9.2%."""
+    interleaved schedule of v = 2 would give 47.9%. The step prices attention as a causal
+    fused kernel runs it (the unmasked half, at its measured rate); the MFU counts the whole
+    s x s matrix, PaLM's convention. Table 4 does not say which count its 380 TFLOP/s use: if
+    the masked half is left out, the published MFU in the planner's convention is
+    38% x 1.40 = 53%, and the error would be -31%, not -3.6%."""
     row = ROWS["Llama 3 405B, 16384 H100, 131K context"]
     run = plan.validation.LLAMA3_LONG_CONTEXT
     assert (run.source.startswith("Dubey et al. 2024") and run.source.endswith("Table 4")
@@ -365,7 +367,7 @@ def test_llama3_long_context_row_from_table_4():
     assert row.plan.activation_bytes == pytest.approx(eight_k.activation_bytes, rel=1e-6)
     assert row.plan.bubble_s / row.plan.step_s == pytest.approx(0.475, abs=0.01)
     interleaved = plan.predict(workload, row.plan.hardware, replace(layout, virtual_stages=2))
-    assert interleaved.mfu == pytest.approx(0.452, abs=0.01)
+    assert interleaved.mfu == pytest.approx(0.479, abs=0.01)
     convention = flops.mfu_convention_over_causal(405e9, 126, 131072, 16384)
     assert convention == pytest.approx(1.40, abs=0.01)
-    assert _error(row.predicted, row.published * convention) == pytest.approx(-0.35, abs=0.01)
+    assert _error(row.predicted, row.published * convention) == pytest.approx(-0.31, abs=0.01)

@@ -13,6 +13,10 @@ A GEMM ``(m x k) @ (k x n)`` is priced as a roofline, the larger of two times [n
 * memory: the bytes of A, B and C (2 bytes a value) over the datasheet's HBM bandwidth, which
   is what a thin matmul (a matrix-vector product) is limited by.
 
+Attention's two GEMMs inside a fused kernel (FlashAttention) are priced as the kernel runs
+them: the causal mask's unmasked half, the scores recomputed in the backward pass, at the
+kernel's measured rate where it was measured (:func:`fused_attention_time_s`).
+
 :func:`transformer_layer_gemms` lists the GEMMs of one GPT-style layer for one micro-batch on
 one tensor-parallel GPU, forward, backward and recomputed; :func:`transformer_layer_elementwise`
 the element-wise work (LayerNorm, GeLU, softmax, dropout, residuals), priced by its bytes over
@@ -37,6 +41,10 @@ References:
     [dao2023] Dao, "FlashAttention-2: Faster Attention with Better Parallelism and Work
     Partitioning", ICLR 2024, arXiv:2307.08691 (the fused attention kernel: the ``s x s`` scores
     stay on chip, its backward recomputes them from the softmax's row statistics).
+    [shah2024] Shah et al., "FlashAttention-3: Fast and Accurate Attention with Asynchrony
+    and Low-precision", NeurIPS 2024, arXiv:2407.08608 (section 4.1: the BF16 forward and
+    backward speed of FlashAttention-2, cuDNN and FlashAttention-3 on an H100 80GB SXM5, by
+    sequence length, head dimension and causal mask).
     [te_multi_stream] NVIDIA Transformer Engine, ``transformer_engine/common/util/
     multi_stream.cpp`` (``get_num_compute_streams()``: 4) and ``GroupedLinear``, which runs a
     grouped GEMM on Hopper as one cuBLAS GEMM per group over those streams (Transformer Engine
@@ -174,12 +182,81 @@ def gemm_compute_s(gemm: Gemm, gpu: GPU) -> float:
 
 def gemm_time_s(gemm: Gemm, gpu: GPU) -> float:
     """Seconds of one GEMM on one GPU: the larger of its compute (tiles in waves at the
-    ceiling, :func:`gemm_compute_s`) and its HBM traffic at the datasheet bandwidth.
+    ceiling, :func:`gemm_compute_s`) and its HBM traffic at the datasheet bandwidth. One of a
+    fused attention kernel's GEMMs is priced by :func:`fused_attention_time_s`.
 
     Example: an 8192-cubed GEMM on an H100 runs 2,048 tiles in 16 waves of 132 SMs, 97% of the
     ceiling's rate; a matrix-vector product runs at HBM bandwidth.
     """
+    if is_fused_attention(gemm):
+        return fused_attention_time_s(gemm, gpu)
     return max(gemm_compute_s(gemm, gpu), gemm.hbm_bytes / gpu.hbm_bytes_per_s)
+
+
+# --- Fused causal attention: the masked half skipped, the scores recomputed backward ----------
+
+#: The share of the ``s x s`` score tiles a fused kernel computes under a causal mask: each
+#: query sees the keys before it, and the kernel skips the tiles above the diagonal. Counted as
+#: FlashAttention's benchmarks count it: "With causal mask, we divide this number by 2"
+#: [dao2023], section 4.1 (the diagonal's tiles add ``1 / (2 n)`` for ``n`` tiles a row).
+CAUSAL_SHARE = 0.5
+#: A fused kernel's backward pass recomputes the scores before its four gradient matmuls: 5
+#: matmuls where the model counts 4, "we multiply the forward pass FLOPs by 2.5 (since there
+#: are 2 matmuls in the forward pass and 5 matmuls in the backward pass, due to
+#: recomputation)" [dao2023], section 4.1.
+FUSED_BACKWARD_MATMULS = 5 / 4
+#: The rate of a fused causal attention kernel where its authors measured it, in FLOP/s as
+#: FlashAttention counts them (:data:`CAUSAL_SHARE`, :data:`FUSED_BACKWARD_MATMULS`), by
+#: sequence length: cuDNN's kernel, BF16, head dimension 128, on an H100 80GB SXM5, read from
+#: the bar labels of FlashAttention-3's BF16 speed figures [shah2024] (section 4.1): forward
+#: with the causal mask; backward without it (the paper shows no masked backward, so these
+#: rates are an upper bound for a causal one). cuDNN's is the slower of the two fused kernels
+#: the figures measure at 1,024 tokens and more: FlashAttention-3's is 3-14% faster there.
+FUSED_ATTENTION_RATES: dict[str, tuple[tuple[int, float], ...]] = {
+    "forward": ((512, 315e12), (1024, 410e12), (2048, 484e12), (4096, 518e12),
+                (8192, 529e12), (16384, 539e12)),
+    "backward": ((512, 305e12), (1024, 408e12), (2048, 465e12), (4096, 499e12),
+                 (8192, 518e12), (16384, 516e12)),
+}
+#: The head dimension and the GPUs of :data:`FUSED_ATTENTION_RATES`: the H100's, and the
+#: H200's, whose SMs and clocks are the H100's (as :data:`MAMF_FRACTION` takes them).
+FUSED_ATTENTION_HEAD_DIM = 128
+FUSED_ATTENTION_GPUS = ("H100", "H200")
+
+
+def is_fused_attention(gemm: Gemm) -> bool:
+    """Whether ``gemm`` is one of attention's two GEMMs inside a fused kernel (its ``s x s``
+    operand on chip: :data:`FUSED_ATTENTION` policies)."""
+    return gemm.name in LAYER_GEMM_GROUPS["attention"] and bool(gemm.on_chip)
+
+
+def measured_attention_rate(gemm: Gemm, gpu: GPU) -> float | None:
+    """:data:`FUSED_ATTENTION_RATES`' rate for a fused attention GEMM on ``gpu``, its pass
+    (forward and recomputed forward, or backward) at the longest tabulated sequence not above
+    its own (the shortest for a shorter one); None where nothing was measured (another GPU or
+    head dimension)."""
+    head_dim, seq_len = min(gemm.m, gemm.n, gemm.k), max(gemm.m, gemm.n, gemm.k)
+    if gpu.name not in FUSED_ATTENTION_GPUS or head_dim != FUSED_ATTENTION_HEAD_DIM:
+        return None
+    table = FUSED_ATTENTION_RATES["forward" if gemm.pass_ in ("forward", "recompute")
+                                  else "backward"]
+    return max((entry for entry in table if entry[0] <= seq_len), default=table[0])[1]
+
+
+def fused_attention_time_s(gemm: Gemm, gpu: GPU) -> float:
+    """Seconds of one of a fused causal attention kernel's GEMMs: its FLOPs times
+    :data:`CAUSAL_SHARE`, and times :data:`FUSED_BACKWARD_MATMULS` in the backward pass, at
+    the kernel's measured rate (:func:`measured_attention_rate`), else at the GEMM model's
+    (:func:`gemm_compute_s`); never below its HBM traffic.
+
+    Example: on an H100 at 8,192 tokens and head dimension 128 the forward's score GEMM runs
+    half its FLOPs at 529 TFLOP/s, 53% of the BF16 peak, where the GEMM model's ceiling is 80%.
+    """
+    work = CAUSAL_SHARE * (1.0 if gemm.pass_ in ("forward", "recompute")
+                           else FUSED_BACKWARD_MATMULS)
+    rate = measured_attention_rate(gemm, gpu)
+    compute_s = gemm_compute_s(gemm, gpu) if rate is None else gemm.flops / rate
+    return max(work * compute_s, gemm.hbm_bytes / gpu.hbm_bytes_per_s)
 
 
 def _backward(forward: Gemm) -> tuple[Gemm, Gemm]:
@@ -234,8 +311,9 @@ def transformer_layer_gemms(seq_len: int, micro_batch: int, d_model: int, n_head
     the two attention GEMMs ("selective"), all six ("full", "flash_full": Korthikanti et al.'s
     full recomputation, 4/3 of the forward and backward's FLOPs [korthikanti2022]). With
     "flash" and "flash_full" the two attention GEMMs are one fused kernel whose ``s x s`` scores
-    stay on chip [dao2023], in every pass; its backward's own recomputation of the scores is
-    not counted (the planner counts the model's FLOPs only).
+    stay on chip [dao2023], in every pass. These GEMMs are the model's FLOPs; the time of a
+    fused kernel's (:func:`fused_attention_time_s`) prices what it executes: the causal mask's
+    unmasked half, and the scores recomputed in its backward.
 
     Their FLOPs per token are ``(24 d^2 + 4 s d + 4 d (f - 4d)) / t`` forward, times 3 with the
     backward: ``Workload.hardware_flops_per_token / (L t)`` for ``f = N/(2 L d) - 2 d``.

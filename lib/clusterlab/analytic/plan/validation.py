@@ -191,9 +191,11 @@ def published_run_plan(run: mfu_records.PublishedRun, *, fabric_link: str = "IB-
     For :data:`LLAMA3_LONG_CONTEXT` these are the two 8K-token rows' defaults
     (:func:`llama3_plan`; Table 4 states no recomputation policy). Each GPU holds
     ``131,072 / 16`` = 8,192 tokens of a sequence, so its activations are those of the
-    16384-GPU 8K row. The planner prices the whole ``s x s`` score matrix, where a causal
-    FlashAttention kernel skips the masked half
-    (:func:`clusterlab.analytic.flops.causal_flops_per_token`). The published-runs table
+    16384-GPU 8K row. Its step prices attention as a causal fused kernel runs it, the
+    unmasked half at the kernel's measured rate
+    (:func:`clusterlab.analytic.gemm.fused_attention_time_s`); its MFU counts the whole
+    ``s x s`` score matrix, PaLM's convention
+    (:func:`clusterlab.analytic.flops.mfu_convention_over_causal`). The published-runs table
     (:func:`clusterlab.analytic.plan.mfu_table.run_plan`) prices its rows with it."""
     workload = Workload(run.n_params, run.seq_len, run.global_batch, n_layers=run.n_layers,
                         d_model=run.d_model, n_heads=run.n_heads, n_kv_heads=run.n_kv_heads,
