@@ -290,3 +290,26 @@ def test_the_rack_and_release_flags_refuse_what_they_cannot_describe(capsys):
         capsys, *LLAMA_8B, *trays, "--nvlink-domain", "70", *PINNED)
     assert "--nvlink-domain needs --gpus" in error(
         capsys, *LLAMA_8B, "--tokens", "1e12", "--budget-days", "30", "--nvlink-domain", "72")
+
+
+def test_a_plan_with_experts_carries_the_models_known_miss(capsys):
+    # The course's model is tested on five published MoE runs and misses all of them the same
+    # way: the warning gives that span, from the validation table itself; a dense plan has none
+    from clusterlab.analytic.plan import validation
+    low, high, rows = validation.moe_error_span()
+    assert rows == 5 and 0.25 < low < high
+    assert (low, high) == (min(r.error for r in validation.moe_validation_table()),
+                           max(r.error for r in validation.moe_validation_table()))
+    (moe,) = plans(capsys, *MIXTRAL_PINNED)
+    assert moe["moe_warning"] == (
+        f"mixtures of experts: on the 5 published runs it was tested on, the course's model "
+        f"predicted {low:+.0%} to {high:+.0%} more tokens per second than they reached "
+        f"(plan.validation.moe_validation_table): read this step as a floor")
+    (dense,) = plans(capsys, *LLAMA_8B, *CLUSTER, *PINNED)
+    assert dense["moe_warning"] is None
+    assert cli.main(["plan", *MIXTRAL_PINNED]) == 0
+    text = capsys.readouterr().out
+    assert f"warning: {moe['moe_warning']}" in text
+    # without --tokens there is no time to train: the days column says so with a dash
+    row = next(line for line in text.splitlines() if line.startswith("dp2 tp4 pp2 ep2"))
+    assert "nan" not in row and " - " in row

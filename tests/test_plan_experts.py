@@ -406,7 +406,7 @@ def test_cli_prices_the_expert_parallel_degrees_it_is_given():
     cli_cluster = plan.cluster("H100", 64, storage_read_bytes_per_s=20e9)   # the CLI's storage
     best = search_layouts(workload, cli_cluster, space=space, limit=3).plans[0]
     assert term.startswith(f"{plan.EP_TERM}: {best.ep_comm_s:.3f} s per step, 4 per MoE layer")
-    assert "no published MoE training row" in term
+    assert "unvalidated: no published all-to-all measurement" in term
     header = next(line for line in lines if line.startswith("layout "))
     assert "ep a2a" in header
     assert "MoE layers of 8 experts (top-2" in out

@@ -14,7 +14,7 @@ builds one from catalog names, counted in GPUs). The package, by job:
   (:mod:`~clusterlab.analytic.plan.prediction`): memory per device, a step summed from compute,
   tensor-parallel all-reduces (inside a node), context parallelism's K/V all-gathers
   (:func:`kv_all_gather_bytes`), expert parallelism's all-to-alls (:func:`expert_all_to_all_bytes`,
-  unvalidated: no published MoE training row), pipeline sends and bubble, the data-parallel
+  unvalidated: no published all-to-all measurement), pipeline sends and bubble, the data-parallel
   all-reduce and waiting for storage; MFU, time to train and the bottleneck. :func:`predict`
   prices one layout; :mod:`~clusterlab.analytic.plan.search` ranks all layouts that fit
   (:func:`rank_layouts`) and finds the smallest cluster that meets a deadline

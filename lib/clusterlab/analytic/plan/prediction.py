@@ -103,7 +103,7 @@ class Plan:
     #: compute leaves exposed, _data_parallel); 0 without dp
     dp_reduce_s: float = 0.0
     #: expert parallelism's dispatch and combine all-to-alls, forward and backward, not hidden
-    #: (_expert_parallel); 0 without ep. Unvalidated: no published MoE training row.
+    #: (_expert_parallel); 0 without ep. Unvalidated: no published all-to-all measurement.
     ep_comm_s: float = 0.0
     #: one expert-parallel all-to-all's estimate, marked unvalidated (None without ep)
     ep_estimate: costmodel.CollectiveEstimate | None = field(default=None, compare=False)

@@ -6,7 +6,7 @@ The space covers tp (dividing a node), pp, dp (dividing the batch), the micro-ba
 interleaved schedule's virtual stages, the recomputation policy, the ZeRO stage, context
 parallelism's cp (``SearchSpace.cp``, default ``(1,)``: none) and, for a workload with experts
 (``Workload.moe``), expert parallelism's ep (``SearchSpace.ep``, default ``(1,)``: none; its
-all-to-alls are unvalidated, no published MoE training row). With the defaults the search and
+all-to-alls are unvalidated: no published all-to-all measurement backs them). With the defaults the search and
 its time are those measured below. ``SearchSpace.pp`` can narrow the pipeline depths (default:
 every divisor).
 
@@ -34,6 +34,7 @@ from clusterlab.catalog.published import mfu_records
 from clusterlab.analytic.plan.prediction import (EP_TERM, Plan, batch_fix, broken_rule,
                                                  ep_all_to_alls_per_layer, predict)
 from clusterlab.analytic.gemm import RECOMPUTE_POLICIES
+from clusterlab.analytic.plan import validation
 from clusterlab.analytic.plan.workload import Assumptions, Layout, Workload
 
 
@@ -326,7 +327,8 @@ def format_plans(plans: list[Plan]) -> str:
               f"bottleneck")
     lines = [header]
     for p in plans:
-        days = p.time_to_train_s / 86400 if p.time_to_train_s is not None else float("nan")
+        days = (f"{p.time_to_train_s / 86400:7.1f}" if p.time_to_train_s is not None
+                else f"{'-':>7}")
         grid = f"dp{p.layout.dp} tp{p.layout.tp} pp{p.layout.pp}"
         if p.layout.cp > 1:
             grid += f" cp{p.layout.cp}"
@@ -339,7 +341,7 @@ def format_plans(plans: list[Plan]) -> str:
             f"{p.workload.recompute_policy:<{policy_width}} {p.layout.zero_stage:4d} "
             f"{p.memory_bytes / 1e9:7.1f} {p.compute_s:8.3f} "
             f"{p.tp_comm_s:7.3f}{cp_cell} {p.pp_comm_s:7.3f} {p.bubble_s:7.3f} {p.dp_comm_s:7.3f} "
-            f"{p.optimizer_s:7.3f} {p.data_wait_s:7.3f} {p.step_s:8.3f} {100 * p.mfu:5.1f}% {days:7.1f}  "
+            f"{p.optimizer_s:7.3f} {p.data_wait_s:7.3f} {p.step_s:8.3f} {100 * p.mfu:5.1f}% {days}  "
             f"{p.network_model:<13}  {p.bottleneck}")
     lines.append(f"# all-reduces priced by NCCL {costmodel.NCCL_RELEASE}'s tuning model "
                  f"(costmodel.cluster_collective); network model: 'validated' where published "
@@ -349,8 +351,8 @@ def format_plans(plans: list[Plan]) -> str:
                  f"'untested' without rows (costmodel.validation_by_regime)")
     if with_ep:
         lines.append("# ep a2a: expert parallelism's all-to-alls (costmodel.cluster_collective's "
-                     "grouped send/receive), unvalidated: no published MoE training row in "
-                     "plan.validation_table()")
+                     "grouped send/receive), unvalidated: no published all-to-all "
+                     "measurement backs them")
     return "\n".join(lines)
 
 
@@ -371,6 +373,18 @@ def mfu_warning(plan: Plan) -> str | None:
     return (f"MFU {plan.mfu:.1%} is above the best published {best.kind} run on "
             f"{best.gpu}, {best.mfu:.1%} ({best.run}; {best.source}): the course's model "
             f"predicts more than anyone has shown, so read it as an upper bound")
+
+
+def moe_warning(plan: Plan) -> str | None:
+    """For a plan with experts, how far the course's model missed the published
+    mixture-of-experts runs it was tested on (:func:`clusterlab.analytic.plan.validation.
+    moe_error_span`); None for a dense model."""
+    if plan.workload.moe is None:
+        return None
+    low, high, rows = validation.moe_error_span()
+    return (f"mixtures of experts: on the {rows} published runs it was tested on, the course's "
+            f"model predicted {low:+.0%} to {high:+.0%} more tokens per second than they "
+            f"reached (plan.validation.moe_validation_table): read this step as a floor")
 
 
 def plan_record(plan: Plan) -> dict:
@@ -397,6 +411,7 @@ def plan_record(plan: Plan) -> dict:
         "memory_limit_bytes_per_gpu": plan.memory_limit_bytes, "fits": plan.fits,
         "bottleneck": plan.bottleneck, "breakdown_s": plan.breakdown(),
         "mfu_above_published": above,
+        "moe_warning": moe_warning(plan),
     }
 
 
@@ -439,9 +454,9 @@ def describe_plan(plan: Plan) -> str:
         f"layout: {layout_label(plan)}; {_fit_line(plan)}",
         f"step: {plan.step_s:.3f} s; MFU {100 * plan.mfu:.1f}%; bottleneck: {plan.bottleneck}",
     ]
-    warning = mfu_warning(plan)
-    if warning is not None:
-        lines.append(f"warning: {warning}")
+    for warning in (mfu_warning(plan), moe_warning(plan)):
+        if warning is not None:
+            lines.append(f"warning: {warning}")
     for label, estimate in (("data-parallel all-reduce", plan.dp_estimate),
                             ("tensor-parallel all-reduce", plan.tp_estimate),
                             ("context-parallel K/V all-gather", plan.cp_estimate)):
@@ -462,7 +477,7 @@ def describe_plan(plan: Plan) -> str:
             f"{ep_all_to_alls_per_layer(w.recompute_policy)} per MoE layer and micro-batch of "
             f"{e.nbytes / 2**20:.1f} MiB per GPU, each {e.time_s * 1e3:.2f} ms "
             f"(costmodel.cluster_collective's grouped send/receive over {e.n_nodes} node(s) of "
-            f"{e.gpus_per_node}); no published MoE training row in plan.validation_table()")
+            f"{e.gpus_per_node}); unvalidated: no published all-to-all measurement backs it")
     if plan.time_to_train_s is not None:
         lines.append(f"time to train {w.n_tokens:.3g} tokens: "
                      f"{plan.time_to_train_s / 86400:.1f} days")

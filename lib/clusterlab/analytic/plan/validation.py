@@ -40,6 +40,7 @@ counted twice (:func:`embedding_share` gives it per row).
 
 from __future__ import annotations
 
+import functools
 import statistics
 from dataclasses import dataclass, replace
 
@@ -304,6 +305,15 @@ def moe_validation_table() -> list[ValidationRow]:
                                   tokens_per_s_per_gpu(predicted), "MoE", "megatron_bridge_perf",
                                   False, predicted, unstated_memory_note(predicted)))
     return rows
+
+
+@functools.cache
+def moe_error_span() -> tuple[float, float, int]:
+    """(lowest, highest, rows) of the signed errors of :func:`moe_validation_table`: how far
+    the course's model has missed every published mixture-of-experts run it was tested on
+    (what the planner warns of on a plan with experts)."""
+    errors = [row.error for row in moe_validation_table()]
+    return min(errors), max(errors), len(errors)
 
 
 def unpriced_s_per_layer_pass(row: ValidationRow) -> float:
