@@ -210,8 +210,8 @@ FUSED_BACKWARD_MATMULS = 5 / 4
 #: sequence length: cuDNN's kernel, BF16, head dimension 128, on an H100 80GB SXM5, read from
 #: the bar labels of FlashAttention-3's BF16 speed figures [shah2024] (section 4.1): forward
 #: with the causal mask; backward without it (the paper shows no masked backward, so these
-#: rates are an upper bound for a causal one). cuDNN's is the slower of the two fused kernels
-#: the figures measure at 1,024 tokens and more: FlashAttention-3's is 3-14% faster there.
+#: rates are an upper bound for a causal one). At 1,024 tokens and more, FlashAttention-3's
+#: kernel is 3-14% faster than cuDNN's there, and FlashAttention-2's far slower.
 FUSED_ATTENTION_RATES: dict[str, tuple[tuple[int, float], ...]] = {
     "forward": ((512, 315e12), (1024, 410e12), (2048, 484e12), (4096, 518e12),
                 (8192, 529e12), (16384, 539e12)),
