@@ -230,17 +230,27 @@ def is_fused_attention(gemm: Gemm) -> bool:
     return gemm.name in LAYER_GEMM_GROUPS["attention"] and bool(gemm.on_chip)
 
 
-def measured_attention_rate(gemm: Gemm, gpu: GPU) -> float | None:
-    """:data:`FUSED_ATTENTION_RATES`' rate for a fused attention GEMM on ``gpu``, its pass
-    (forward and recomputed forward, or backward) at the longest tabulated sequence not above
-    its own (the shortest for a shorter one); None where nothing was measured (another GPU or
-    head dimension)."""
-    head_dim, seq_len = min(gemm.m, gemm.n, gemm.k), max(gemm.m, gemm.n, gemm.k)
+def _direction(gemm: Gemm) -> Literal["forward", "backward"]:
+    """The kernel pass a fused attention GEMM belongs to: a recomputed forward runs forward."""
+    return "forward" if gemm.pass_ in ("forward", "recompute") else "backward"
+
+
+def fused_attention_rate(gpu: GPU, direction: Literal["forward", "backward"], seq_len: float,
+                         head_dim: float = FUSED_ATTENTION_HEAD_DIM) -> float | None:
+    """:data:`FUSED_ATTENTION_RATES`' rate on ``gpu`` for ``direction`` at the longest
+    tabulated sequence not above ``seq_len`` (the shortest for a shorter one); None where
+    nothing was measured (another GPU or head dimension)."""
     if gpu.name not in FUSED_ATTENTION_GPUS or head_dim != FUSED_ATTENTION_HEAD_DIM:
         return None
-    table = FUSED_ATTENTION_RATES["forward" if gemm.pass_ in ("forward", "recompute")
-                                  else "backward"]
+    table = FUSED_ATTENTION_RATES[direction]
     return max((entry for entry in table if entry[0] <= seq_len), default=table[0])[1]
+
+
+def measured_attention_rate(gemm: Gemm, gpu: GPU) -> float | None:
+    """:func:`fused_attention_rate` for a fused attention GEMM on ``gpu``: its pass, its
+    sequence (its longest side) and head dimension (its shortest)."""
+    return fused_attention_rate(gpu, _direction(gemm), max(gemm.m, gemm.n, gemm.k),
+                                head_dim=min(gemm.m, gemm.n, gemm.k))
 
 
 def fused_attention_time_s(gemm: Gemm, gpu: GPU) -> float:
@@ -252,8 +262,7 @@ def fused_attention_time_s(gemm: Gemm, gpu: GPU) -> float:
     Example: on an H100 at 8,192 tokens and head dimension 128 the forward's score GEMM runs
     half its FLOPs at 529 TFLOP/s, 53% of the BF16 peak, where the GEMM model's ceiling is 80%.
     """
-    work = CAUSAL_SHARE * (1.0 if gemm.pass_ in ("forward", "recompute")
-                           else FUSED_BACKWARD_MATMULS)
+    work = CAUSAL_SHARE * (1.0 if _direction(gemm) == "forward" else FUSED_BACKWARD_MATMULS)
     rate = measured_attention_rate(gemm, gpu)
     compute_s = gemm_compute_s(gemm, gpu) if rate is None else gemm.flops / rate
     return max(work * compute_s, gemm.hbm_bytes / gpu.hbm_bytes_per_s)

@@ -284,6 +284,8 @@ def moe_plan(run: moe_runs.MoeRun) -> Plan:
                         moe=spec)
     layout = Layout(dp=run.dp, tp=run.tp, pp=run.pp, ep=run.ep, zero_stage=1,
                     micro_batch=run.micro_batch)
+    # the domain set by replace(), not cluster()'s argument: tests/test_plan_moe_grouped.py
+    # reruns this function on the workload.py of a commit whose cluster() had none
     cluster_spec = replace(cluster(run.gpu, run.n_gpus, storage_read_bytes_per_s=1e12,
                                    gpus_per_node=run.gpus_per_node, fabric_link=run.fabric_link),
                            nvlink_domain_gpus=run.nvlink_domain_gpus)
